@@ -1,0 +1,110 @@
+"""Run a function on N real processes with a real gloo process group (the CPU stand-in for NCCL).
+
+Shared by every multi-rank test: ``run_world(fn, 4, arg)`` spawns 4 processes (spawn start method,
+so no torch state is inherited), each calls ``fn(rank, world_size, *args)`` after
+``init_process_group("gloo")``, and the per-rank return values come back in rank order. A rank that
+raises makes the whole call raise with that rank's traceback; a rank that dies (SIGKILL in a fault
+injection test) is reported through ``WorldResult.exitcodes`` when ``allow_failures=True``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+import typing as tp
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["run_world", "WorldResult", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class WorldResult:
+    results: tp.List[tp.Any]
+    """Per-rank return values (None for a rank that died)."""
+    exitcodes: tp.List[tp.Optional[int]]
+    """Per-rank process exit codes (negative = killed by that signal)."""
+
+
+def _worker(fn, rank, world_size, port, out_dir, init_pg, env, args):  # pragma: no cover - child
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_CPP_LOG_LEVEL="ERROR",
+    )
+    out = Path(out_dir) / f"rank{rank}.pkl"
+    try:
+        if init_pg:
+            import datetime
+
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120))
+        value = fn(rank, world_size, *args)
+        payload = ("ok", value)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        payload = ("error", f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    finally:
+        if init_pg:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    out.write_bytes(pickle.dumps(payload))
+    os._exit(0 if payload[0] == "ok" else 1)
+
+
+def run_world(
+    fn: tp.Callable[..., tp.Any],
+    world_size: int,
+    *args: tp.Any,
+    timeout: float = 180.0,
+    init_pg: bool = True,
+    allow_failures: bool = False,
+    env: tp.Optional[tp.Dict[str, str]] = None,
+) -> WorldResult:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; see the module doc."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="hpctrain-world-") as out_dir:
+        procs = [
+            ctx.Process(target=_worker, args=(fn, r, world_size, port, out_dir, init_pg, env or {}, args))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for r in hung:
+            procs[r].kill()
+            procs[r].join()
+        if hung and not allow_failures:
+            raise TimeoutError(f"ranks {hung} still running after {timeout}s")
+        results: tp.List[tp.Any] = []
+        errors: tp.List[str] = []
+        for r in range(world_size):
+            f = Path(out_dir) / f"rank{r}.pkl"
+            if not f.exists():
+                results.append(None)
+                continue
+            status, value = pickle.loads(f.read_bytes())
+            if status == "error":
+                errors.append(value)
+                results.append(None)
+            else:
+                results.append(value)
+        exitcodes = [p.exitcode for p in procs]
+    if not allow_failures and (errors or any(c != 0 for c in exitcodes)):
+        raise RuntimeError("\n".join(errors) or f"ranks exited with {exitcodes}")
+    return WorldResult(results=results, exitcodes=exitcodes)
