@@ -1,0 +1,1 @@
+"""Entries that ship with hpctrain, so a new user can run something at once."""

@@ -1,0 +1,184 @@
+"""What runs on every task: derive the rank, start the process group, call ``entry(ctx)``, clean up.
+
+:class:`Runner` is the callable that submitit pickles on the login node and calls on each task, so
+this module must stay importable without torch (torch is imported inside ``__call__``). The plain
+sbatch templates reach the same code through ``python -m hpctrain.launch``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+import typing as tp
+from pathlib import Path
+
+from hpctrain._atomic import atomic_write_json
+from hpctrain._errors import UsageError
+
+__all__ = ["Runner", "load_entry", "check_entry_static"]
+
+
+def _split_entry(entry: str) -> tp.Tuple[str, str]:
+    module, sep, func = entry.partition(":")
+    if not sep or not module or not func or not all(p.isidentifier() for p in module.split(".") + func.split(".")):
+        raise UsageError(f"--entry {entry!r} is not of the form 'package.module:function'")
+    return module, func
+
+
+def check_entry_static(entry: str) -> None:
+    """Check on the login node, without importing the module, that ``module:function`` exists.
+
+    Finds the module file and looks for a top-level definition, import or assignment of the name
+    in its source. Importing would pull in torch and the user's dependencies on the login node.
+    """
+    module, func = _split_entry(entry)
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"--entry {entry!r}: cannot import {module!r} ({exc}); check the name and that it is on PYTHONPATH") from None
+    if spec is None:
+        raise UsageError(f"--entry {entry!r}: no module named {module!r}; check the name and that it is on PYTHONPATH (run from the project directory)")
+    origin = spec.origin
+    if not origin or not origin.endswith(".py") or not os.path.exists(origin):
+        return  # compiled or namespace module: checked when it is imported on the nodes
+    top = func.split(".")[0]
+    tree = ast.parse(Path(origin).read_text(encoding="utf-8"), filename=origin)
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    if top not in defined:
+        raise UsageError(f"--entry {entry!r}: {origin} defines no top-level {top!r}")
+
+
+def load_entry(entry: str) -> tp.Callable[..., tp.Any]:
+    """Import ``module:function`` (on the node) and return the function."""
+    module_name, func = _split_entry(entry)
+    try:
+        obj: tp.Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"--entry {entry!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    for part in func.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"--entry {entry!r}: {module_name!r} has no attribute {func!r}") from None
+    if not callable(obj):
+        raise UsageError(f"--entry {entry!r} is not callable")
+    return tp.cast(tp.Callable[..., tp.Any], obj)
+
+
+def _local_address(master_addr: str, port: int) -> str:
+    """The address this host uses to reach the master: proves which network a task sits on."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, port))  # UDP connect sends nothing; it only picks the route
+            return str(s.getsockname()[0])
+    except OSError:
+        return ""
+
+
+class Runner:
+    """The job body: ``Runner(entry=..., run_dir=...)()`` on every task.
+
+    Parameters are plain strings and numbers so that the pickle submitit writes stays small and
+    loads on the nodes without hpctrain's torch-side modules.
+    """
+
+    def __init__(
+        self,
+        *,
+        entry: str,
+        run_dir: str,
+        entry_args: tp.Sequence[str] = (),
+        gpus_per_node: int = 0,
+        dist_timeout_s: float = 600.0,
+    ) -> None:
+        _split_entry(entry)
+        self.entry = entry
+        self.run_dir = str(run_dir)
+        self.entry_args = tuple(entry_args)
+        self.gpus_per_node = int(gpus_per_node)
+        self.dist_timeout_s = float(dist_timeout_s)
+
+    def __repr__(self) -> str:
+        return f"Runner(entry={self.entry!r}, run_dir={self.run_dir!r})"
+
+    def __call__(self) -> tp.Any:
+        started = time.time()  # before torch is imported: the records show what start-up costs
+        # Before torch loads: c10d warns about every peer whose reverse DNS fails (common on clusters).
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        from hpctrain.dist import env as dist_env
+        from hpctrain.dist import process_group
+        from hpctrain.launch.context import RunContext
+
+        env = dist_env.from_environ()
+        device = process_group.select_device(env, self.gpus_per_node)
+        backend = process_group.init_process_group(env, device, timeout_s=self.dist_timeout_s)
+        joined = time.time()
+        try:
+            ctx = RunContext(
+                rank=env.rank, local_rank=env.local_rank, world_size=env.world_size,
+                local_world_size=env.local_world_size, node_rank=env.node_rank, num_nodes=env.num_nodes,
+                master_addr=env.master_addr, master_port=env.master_port, run_dir=Path(self.run_dir),
+                restart_count=env.restart_count, job_id=env.job_id, device=device, backend=backend,
+                hostname=socket.gethostname(), args=self.entry_args,
+            )
+            self._record_rank(ctx, started, joined)
+            print(
+                f"hpctrain: rank {ctx.rank}/{ctx.world_size} on {ctx.hostname} (node {ctx.node_rank}, "
+                f"local {ctx.local_rank}, {device}, {backend}) joined {ctx.master_addr}:{ctx.master_port} "
+                f"in {joined - started:.2f}s; calling {self.entry}",
+                flush=True,
+            )
+            fn = load_entry(self.entry)
+            result = fn(ctx)
+        except BaseException:
+            process_group.destroy_process_group(synchronize=False)
+            raise
+        process_group.destroy_process_group()
+        return result
+
+    def _record_rank(self, ctx: tp.Any, started: float, joined: float) -> None:
+        """``run_dir/ranks/<job>-r<restart>/rank-<N>.json``: what the login-node tools read about each task."""
+        folder = Path(self.run_dir) / "ranks" / f"{ctx.job_id or 'local'}-r{ctx.restart_count}"
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(
+            folder / f"rank-{ctx.rank}.json",
+            {
+                "rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
+                "world_size": ctx.world_size, "hostname": ctx.hostname,
+                "address": _local_address(ctx.master_addr, ctx.master_port), "pid": os.getpid(),
+                "device": str(ctx.device), "backend": ctx.backend, "job_id": ctx.job_id,
+                "restart_count": ctx.restart_count, "started_at": started, "joined_at": joined,
+                "python": sys.executable,
+            },
+        )
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    """``srun python -m hpctrain.launch --entry mod:fn --run-dir DIR [--gpus-per-node N] -- ARGS``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.launch", description="Run an hpctrain entry on this task (use under srun).")
+    parser.add_argument("--entry", required=True, help="module:function taking a RunContext")
+    parser.add_argument("--run-dir", required=True, help="run directory shared by all nodes")
+    parser.add_argument("--gpus-per-node", type=int, default=0)
+    parser.add_argument("--dist-timeout", type=float, default=600.0, help="seconds to wait for all ranks")
+    args, rest = parser.parse_known_args(argv)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    Runner(entry=args.entry, run_dir=args.run_dir, entry_args=rest, gpus_per_node=args.gpus_per_node, dist_timeout_s=args.dist_timeout)()
+    return 0

@@ -1,0 +1,3 @@
+from hpctrain.submit.cli import run
+
+run()

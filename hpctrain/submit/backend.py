@@ -1,0 +1,136 @@
+"""Hand a :class:`SubmitConfig` to submitit: Slurm (``SlurmExecutor``) or this machine (``LocalExecutor``).
+
+The run directory layout a submission creates (the login-node tools read it)::
+
+    <run_dir>/submission.json   resolved config, argv, cwd, cluster, job id, paths (atomic)
+    <run_dir>/sbatch.sh         the exact script given to sbatch (Slurm runs)
+    <run_dir>/logs/             submitit's folder: <job>_<rank>_log.{out,err}, pickles
+    <run_dir>/ranks/<job>-r<restart>/rank-<N>.json   written by each task when it joins
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import typing as tp
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain import __version__
+from hpctrain._atomic import atomic_write_json, atomic_write_text
+from hpctrain._errors import HpctrainError, UsageError
+from hpctrain.launch.runner import Runner
+from hpctrain.submit.config import SubmitConfig
+from hpctrain.submit.sbatch import slurm_parameters
+
+__all__ = ["Submission", "default_run_dir", "prepare_run_dir", "submit", "check_entry_imports"]
+
+
+@dataclass
+class Submission:
+    job: tp.Any
+    """The submitit Job (``job.job_id``, ``job.paths``, ``job.results()``)."""
+    job_id: str
+    run_dir: Path
+    cluster: str
+    submitted_at: float
+
+    def log_path(self, rank: int = 0, stream: str = "out") -> Path:
+        return self.run_dir / "logs" / f"{self.job_id}_{rank}_log.{stream}"
+
+
+def default_run_dir(cfg: SubmitConfig, cwd: tp.Optional[Path] = None, now: tp.Optional[float] = None) -> Path:
+    """``runs/<job-name>-<YYYYmmdd-HHMMSS>`` (a ``-N`` suffix when that exists already)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.job_name)
+    base = (cwd or Path.cwd()) / "runs" / f"{safe}-{stamp}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create the run directory; refuse one that already holds a submission (never overwrite a run)."""
+    if (run_dir / "submission.json").exists():
+        raise UsageError(f"--run-dir {run_dir} already holds a submission; choose a new directory")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} exists and is not a directory")
+    try:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--run-dir {run_dir}: cannot create it ({exc.strerror})") from None
+
+
+def check_entry_imports(entry: str, python: str = sys.executable, timeout: float = 120.0) -> None:
+    """Import the entry in a fresh interpreter (the user's modules may import torch; the login-node
+    process must not). Catches a module that exists but fails to import before the job waits in the queue."""
+    module, _, func = entry.partition(":")
+    code = (
+        "import importlib, sys, functools\n"
+        "m = importlib.import_module(sys.argv[1])\n"
+        "functools.reduce(getattr, sys.argv[2].split('.'), m)\n"
+    )
+    proc = subprocess.run([python, "-c", code, module, func], capture_output=True, text=True, timeout=timeout, cwd=os.getcwd())
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise UsageError(f"--entry {entry!r} does not import: {last}")
+
+
+def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
+    assert cfg.entry is not None
+    return Runner(
+        entry=cfg.entry, run_dir=str(run_dir), entry_args=cfg.entry_args, gpus_per_node=cfg.gpus_per_node,
+        dist_timeout_s=cfg.dist_timeout,
+    )
+
+
+def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[str]) -> Submission:
+    """Submit ``cfg`` to ``cluster`` ('slurm' or 'local'); writes the run records; returns the job."""
+    import submitit
+
+    folder = run_dir / "logs"
+    record: tp.Dict[str, tp.Any] = {
+        "hpctrain_version": __version__,
+        "config": cfg.to_dict(),
+        "argv": list(argv),
+        "cwd": os.getcwd(),
+        "python": sys.executable,
+        "cluster": cluster,
+        "world_size": cfg.world_size,
+        "run_dir": str(run_dir),
+        "log_dir": str(folder),
+        "state": "submitting",
+    }
+    atomic_write_json(run_dir / "submission.json", record)
+    runner = _runner(cfg, run_dir)
+    if cluster == "slurm":
+        executor: tp.Any = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
+        executor.update_parameters(**slurm_parameters(cfg))
+    else:
+        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
+        # One node, the same number of processes as the Slurm job would start.
+        executor.update_parameters(
+            timeout_min=cfg.time_min, tasks_per_node=cfg.world_size, nodes=1,
+            signal_delay_s=cfg.signal_lead_s, gpus_per_node=cfg.gpus_per_node,
+        )
+    try:
+        job = executor.submit(runner)
+    except Exception as exc:  # submitit raises FailedSubmissionError / CalledProcessError with sbatch's text
+        record["state"] = "submission failed"
+        record["error"] = str(exc)
+        atomic_write_json(run_dir / "submission.json", record)
+        text = str(exc).strip().splitlines()
+        raise HpctrainError(f"submission failed: {text[-1] if text else type(exc).__name__}") from exc
+    submitted_at = time.time()
+    record.update(state="submitted", job_id=str(job.job_id), submitted_at=submitted_at)
+    if cluster == "slurm":
+        script = Path(job.paths.submission_file).read_text()
+        atomic_write_text(run_dir / "sbatch.sh", script)
+        record["sbatch_script"] = str(run_dir / "sbatch.sh")
+    record["logs"] = {"stdout": str(job.paths.stdout).replace("%t", "<rank>"), "stderr": str(job.paths.stderr).replace("%t", "<rank>")}
+    atomic_write_json(run_dir / "submission.json", record)
+    return Submission(job=job, job_id=str(job.job_id), run_dir=run_dir, cluster=cluster, submitted_at=submitted_at)

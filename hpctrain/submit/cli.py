@@ -1,0 +1,182 @@
+"""``python -m hpctrain.submit``: submit a multi-node DDP training job from a login node.
+
+Runs on the login node: imports no torch (the entry is checked statically, then imported in a
+child interpreter before a real submission), and ``--help``/``--dry-run`` return in a fraction of a
+second. Bad input exits 2 with one line naming the flag, and nothing is submitted or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import typing as tp
+from pathlib import Path
+
+from hpctrain._errors import UsageError, cli_entry
+from hpctrain.submit.config import DEFAULT_CONFIG_FILE, SubmitConfig, format_time, load_toml
+
+__all__ = ["main", "build_parser", "resolve_config"]
+
+EPILOG = """\
+examples:
+  python -m hpctrain.submit --nodes 8 --gpus-per-node 4 --time 12:00:00 --entry mypkg.train:main -- --lr 3e-4
+  python -m hpctrain.submit --nodes 2 --dry-run            # print the sbatch script, submit nothing
+  python -m hpctrain.submit --cluster local --entry hpctrain.examples.demo:main --follow
+
+An ./hpctrain.toml ([job] keys = these flags with underscores, [train] entry/args) is read when
+present; flags given here override it.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m hpctrain.submit",
+        description="Submit a multi-node PyTorch DDP training job to Slurm (through submitit), or run it locally.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,  # only flags actually given override the TOML
+    )
+    r = p.add_argument_group("resources")
+    r.add_argument("--nodes", type=int, metavar="N", help="number of nodes (default 1)")
+    r.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs per node; 0 = CPU job with gloo (default 0)")
+    r.add_argument("--tasks-per-node", type=int, metavar="T", help="processes per node (default: one per GPU, 1 on CPU)")
+    r.add_argument("--cpus-per-task", type=int, metavar="C", help="CPU cores per process")
+    r.add_argument("--mem", metavar="SIZE", help="memory per node, Slurm units (16G, 4000M)")
+    r.add_argument("--time", metavar="LIMIT", help="time limit: MM, HH:MM:SS or D-HH:MM:SS (default 01:00:00)")
+    s = p.add_argument_group("scheduling")
+    s.add_argument("--partition", metavar="NAME", help="Slurm partition (default: the cluster's default)")
+    s.add_argument("--account", metavar="NAME", help="Slurm account")
+    s.add_argument("--qos", metavar="NAME", help="Slurm QOS")
+    s.add_argument("--constraint", metavar="FEATURES", help="Slurm node features")
+    s.add_argument("--job-name", metavar="NAME", help="job name (default hpctrain)")
+    s.add_argument("--signal-lead", type=int, metavar="SECONDS", help="warn tasks (USR2) this long before the limit (default 120)")
+    s.add_argument("--max-requeues", type=int, metavar="N", help="requeues allowed after time-outs (default 3)")
+    s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
+    s.add_argument("--dist-timeout", type=int, metavar="SECONDS", help="rendezvous timeout per rank (default 600)")
+    t = p.add_argument_group("training")
+    t.add_argument("--entry", metavar="MODULE:FUNCTION", help="function called as FUNCTION(ctx) on every task")
+    t.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<job-name>-<timestamp>)")
+    t.add_argument("--config", metavar="FILE", help=f"TOML file (default ./{DEFAULT_CONFIG_FILE} if present)")
+    o = p.add_argument_group("output")
+    o.add_argument("--dry-run", action="store_true", help="print the sbatch script and exit without submitting")
+    o.add_argument("--follow", action="store_true", help="stream the rank-0 log with a live status until the job ends")
+    return p
+
+
+def _split_entry_args(argv: tp.Sequence[str]) -> tp.Tuple[tp.List[str], tp.Optional[tp.List[str]]]:
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, None
+
+
+def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.Tuple[SubmitConfig, argparse.Namespace]:
+    """Defaults < TOML (``--config`` or ``./hpctrain.toml``) < flags; returns the config and the flags."""
+    own, entry_args = _split_entry_args(argv)
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(own)
+    except SystemExit as exc:  # argparse already printed its message
+        raise SystemExit(2 if exc.code else 0) from None
+    cwd = cwd or Path.cwd()
+    config_file = getattr(ns, "config", None)
+    kwargs: tp.Dict[str, tp.Any] = {}
+    if config_file is not None:
+        kwargs.update(load_toml(Path(config_file)))
+    elif (cwd / DEFAULT_CONFIG_FILE).exists():
+        kwargs.update(load_toml(cwd / DEFAULT_CONFIG_FILE))
+    fields = {f.name for f in dataclasses.fields(SubmitConfig)}
+    for key, value in vars(ns).items():
+        if key in fields:
+            kwargs[key] = value
+    if entry_args is not None:
+        kwargs["entry_args"] = entry_args
+    return SubmitConfig(**kwargs), ns
+
+
+def _resolve_cluster(cfg: SubmitConfig) -> str:
+    if cfg.cluster != "auto":
+        return cfg.cluster
+    return "slurm" if shutil.which("sbatch") else "local"
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, console: tp.Any = None) -> int:
+    """The CLI. ``slurm`` is the Slurm-command seam (a fake in tests)."""
+    from hpctrain.launch.runner import check_entry_static
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg, ns = resolve_config(argv)
+    if not cfg.entry:
+        raise UsageError(f"no training entry: pass --entry module:function, or set [train] entry in ./{DEFAULT_CONFIG_FILE}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the job imports the entry from this directory too
+    check_entry_static(cfg.entry)
+    cluster = _resolve_cluster(cfg)
+    from hpctrain.submit import backend
+
+    run_dir = Path(cfg.run_dir).expanduser().resolve() if cfg.run_dir else backend.default_run_dir(cfg)
+    if getattr(ns, "dry_run", False):
+        from hpctrain.submit.sbatch import render_sbatch
+
+        sys.stdout.write(render_sbatch(cfg, folder=run_dir / "logs", python=sys.executable))
+        print(f"# dry run: nothing submitted; cluster={cluster}, world size {cfg.world_size}, run dir {run_dir}", file=sys.stderr)
+        return 0
+
+    from hpctrain.submit.slurm import SlurmCommands
+
+    slurm = slurm or SlurmCommands()
+    if cluster == "slurm":
+        names, default = slurm.partitions()
+        if cfg.partition is not None and cfg.partition not in names:
+            raise UsageError(f"--partition {cfg.partition!r} does not exist on this cluster; sinfo lists: {', '.join(names)}")
+    backend.check_entry_imports(cfg.entry)
+    backend.prepare_run_dir(run_dir)
+    sub = backend.submit(cfg, run_dir=run_dir, cluster=cluster, argv=["-m", "hpctrain.submit", *argv])
+    return _report(cfg, sub, slurm, follow_job=getattr(ns, "follow", False), console=console)
+
+
+def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, console: tp.Any) -> int:
+    from rich.console import Console
+
+    from hpctrain.submit.follow import follow
+
+    console = console or Console(highlight=False, soft_wrap=True)
+    what = f"{cfg.nodes} node(s) × {cfg.ntasks_per_node} task(s)" + (f", {cfg.gpus_per_node} GPU(s)/node (nccl)" if cfg.gpus_per_node else ", CPU (gloo)")
+    if sub.cluster == "slurm":
+        state = slurm.job_state(sub.job_id)
+        console.print(f"[bold green]Submitted job {sub.job_id}[/] ({cfg.job_name}) to Slurm: {what}, limit {format_time(cfg.time_min * 60)}")
+        console.print(f"  state   : {state.state} ({state.source or 'not yet visible'})")
+    else:
+        console.print(f"[bold green]Running job {sub.job_id}[/] ({cfg.job_name}) locally: {cfg.world_size} process(es), {what}")
+    console.print(f"  run dir : {sub.run_dir}")
+    console.print(f"  logs    : {sub.log_path(0)} (rank 0); {sub.run_dir / 'logs'}/{sub.job_id}_<rank>_log.{{out,err}}")
+    if sub.cluster == "slurm":
+        console.print(f"  follow  : tail -f {sub.log_path(0)}   ·   squeue -j {sub.job_id}")
+        console.print(f"  cancel  : scancel {sub.job_id}")
+    if sub.cluster == "local":
+        # A local job is a child of this process: stay with it until it ends.
+        final = follow(sub.job_id, sub.log_path(0), lambda: _local_state(sub.job), poll_s=0.5, console=console)
+    elif follow_job:
+        final = follow(sub.job_id, sub.log_path(0), lambda: slurm.job_state(sub.job_id), console=console)
+    else:
+        return 0
+    ok = final.state == "COMPLETED"
+    console.print(f"job {sub.job_id} ended {final.state}" + ("" if ok else f"; see {sub.log_path(0, 'err')}"))
+    return 0 if ok else 1
+
+
+def _local_state(job: tp.Any) -> tp.Any:
+    from hpctrain.submit.slurm import JobState
+
+    if not job.done():
+        return JobState("RUNNING", "localhost", "", "squeue")
+    state = "COMPLETED" if job.exception() is None else "FAILED"
+    return JobState(state, "localhost", "", "sacct")
+
+
+def run() -> None:
+    cli_entry(main, "hpctrain.submit")

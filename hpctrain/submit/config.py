@@ -1,0 +1,240 @@
+"""What a submission asks for: a validated, kw-only dataclass built from ``hpctrain.toml`` and the CLI.
+
+Precedence: command-line flags > ``--config FILE`` (or ``./hpctrain.toml``) > defaults. Every check
+names the option that is wrong and says what would be right; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing as tp
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain._errors import UsageError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+__all__ = ["SubmitConfig", "parse_time", "format_time", "parse_mem", "load_toml", "DEFAULT_CONFIG_FILE"]
+
+DEFAULT_CONFIG_FILE = "hpctrain.toml"
+CLUSTERS = ("auto", "slurm", "local")
+# Characters that never belong in a value written into the sbatch script: a newline would end the
+# `#SBATCH` comment and start a shell command; '%' is Slurm's filename-pattern escape.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9._\-+,:=@\[\]&|!()]+$")  # partition/account/qos/constraint values
+
+
+def parse_time(text: str, option: str = "--time") -> int:
+    """Slurm time limit -> seconds. Accepts ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS`` (as ``sbatch --time`` does); minutes and seconds after the first field must be < 60."""
+    text = str(text).strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        raise UsageError(f"{option} {text!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = m.groups()
+    fields = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (fields + [0, 0])[:3]
+        if hours > 23 or minutes > 59 or seconds > 59:
+            raise UsageError(f"{option} {text!r}: in D-HH:MM:SS hours must be < 24 and minutes/seconds < 60")
+        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    elif len(fields) == 1:  # MM
+        total = fields[0] * 60
+    elif len(fields) == 2:  # MM:SS
+        if fields[1] > 59:
+            raise UsageError(f"{option} {text!r}: seconds must be < 60 (MM:SS)")
+        total = fields[0] * 60 + fields[1]
+    else:  # HH:MM:SS
+        if fields[1] > 59 or fields[2] > 59:
+            raise UsageError(f"{option} {text!r}: minutes and seconds must be < 60 (HH:MM:SS)")
+        total = (fields[0] * 60 + fields[1]) * 60 + fields[2]
+    if total <= 0:
+        raise UsageError(f"{option} {text!r} must be more than zero")
+    return total
+
+
+def format_time(seconds: int) -> str:
+    """Seconds -> ``D-HH:MM:SS`` / ``HH:MM:SS`` (what squeue shows)."""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    hms = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{hms}" if days else hms
+
+
+def parse_mem(text: str) -> str:
+    """Validate a Slurm ``--mem`` value (``4000``, ``4000M``, ``16G``, ``1T``); returned as given."""
+    text = str(text).strip()
+    if not re.fullmatch(r"\d+[KMGTkmgt]?", text) or int(re.sub(r"\D", "", text)) == 0:
+        raise UsageError(f"--mem {text!r} is not a Slurm memory size: use e.g. 16G or 4000M")
+    return text
+
+
+@dataclass(kw_only=True)
+class SubmitConfig:
+    """One submission. Field names are the TOML keys (``[job]`` table, ``[train]`` for entry/args)."""
+
+    nodes: int = 1
+    """Number of nodes (``--nodes``)."""
+    gpus_per_node: int = 0
+    """GPUs per node; 0 = CPU job over gloo (``--gpus-per-node``)."""
+    tasks_per_node: tp.Optional[int] = None
+    """Processes per node; default one per GPU, or 1 on a CPU job (``--tasks-per-node``)."""
+    cpus_per_task: tp.Optional[int] = None
+    """CPU cores per process (data-loader workers need them) (``--cpus-per-task``)."""
+    mem: tp.Optional[str] = None
+    """Memory per node in Slurm units, e.g. ``64G`` (``--mem``)."""
+    time: str = "01:00:00"
+    """Time limit in a Slurm format: ``MM``, ``HH:MM:SS``, ``D-HH:MM:SS`` (``--time``)."""
+    partition: tp.Optional[str] = None
+    """Slurm partition; default = the cluster's default partition (``--partition``)."""
+    account: tp.Optional[str] = None
+    """Slurm account to charge (``--account``)."""
+    qos: tp.Optional[str] = None
+    """Slurm quality of service (``--qos``)."""
+    constraint: tp.Optional[str] = None
+    """Slurm node features, e.g. ``a100&ib`` (``--constraint``)."""
+    job_name: str = "hpctrain"
+    """Slurm job name; also names the run directory (``--job-name``)."""
+    run_dir: tp.Optional[str] = None
+    """Run directory; default ``runs/<job-name>-<timestamp>`` under the current directory (``--run-dir``)."""
+    signal_lead: tp.Optional[int] = None
+    """Seconds before the time limit at which every task gets USR2 to checkpoint; default 120 s,
+    or a quarter of the limit for jobs shorter than 8 minutes (``--signal-lead``)."""
+    max_requeues: int = 3
+    """How many times the job may be requeued after a time-out (``--max-requeues``)."""
+    cluster: str = "auto"
+    """``slurm``, ``local`` (submitit's local executor, same number of processes), or ``auto``:
+    Slurm when ``sbatch`` is on PATH (``--cluster``)."""
+    dist_timeout: int = 600
+    """Seconds a rank waits for the others at rendezvous before failing (``--dist-timeout``)."""
+    entry: tp.Optional[str] = None
+    """Training entry point ``module:function``, called as ``function(ctx)`` on every task (``--entry``)."""
+    entry_args: tp.List[str] = field(default_factory=list)
+    """The entry's own arguments (after ``--`` on the command line; ``[train] args`` in TOML)."""
+
+    def __post_init__(self) -> None:
+        for name in ("mem", "time", "partition", "account", "qos", "constraint", "job_name", "run_dir", "cluster", "entry"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                if name in ("time", "mem") and isinstance(value, int) and not isinstance(value, bool):
+                    setattr(self, name, str(value))  # `time = 30` in TOML means 30 minutes, as in Slurm
+                else:
+                    raise UsageError(f"--{name.replace('_', '-')} {value!r} must be a string")
+        for name in ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "max_requeues", "dist_timeout", "signal_lead"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise UsageError(f"--{name.replace('_', '-')} {value!r} must be an integer")
+        if self.nodes < 1:
+            raise UsageError(f"--nodes {self.nodes} must be at least 1")
+        if self.gpus_per_node < 0:
+            raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be 0 (CPU) or more")
+        if self.tasks_per_node is not None and self.tasks_per_node < 1:
+            raise UsageError(f"--tasks-per-node {self.tasks_per_node} must be at least 1")
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise UsageError(f"--cpus-per-task {self.cpus_per_task} must be at least 1")
+        if self.max_requeues < 0:
+            raise UsageError(f"--max-requeues {self.max_requeues} must be 0 or more")
+        if self.dist_timeout < 1:
+            raise UsageError(f"--dist-timeout {self.dist_timeout} must be at least 1 second")
+        if self.cluster not in CLUSTERS:
+            raise UsageError(f"--cluster {self.cluster!r} must be one of {', '.join(CLUSTERS)}")
+        limit = parse_time(self.time)
+        if self.signal_lead is not None and not 0 < self.signal_lead < limit:
+            raise UsageError(
+                f"--signal-lead {self.signal_lead} must be between 1 and the time limit ({limit} s) minus one"
+            )
+        if self.mem is not None:
+            self.mem = parse_mem(self.mem)
+        if not self.job_name or _CONTROL.search(self.job_name) or "%" in self.job_name:
+            raise UsageError(f"--job-name {self.job_name!r} must be non-empty, one line, without '%'")
+        for name in ("partition", "account", "qos", "constraint"):
+            value = getattr(self, name)
+            if value is not None and not _SLURM_NAME.match(value):
+                raise UsageError(f"--{name} {value!r} has characters Slurm does not accept in a {name} name")
+        if self.run_dir is not None and (_CONTROL.search(self.run_dir) or "%" in self.run_dir):
+            raise UsageError(f"--run-dir {self.run_dir!r} must be one line without '%' (Slurm expands % in log paths)")
+        if any(_CONTROL.search(a) for a in self.entry_args):
+            raise UsageError("entry arguments after -- must not contain newlines or control characters")
+
+    # Derived values -----------------------------------------------------------------------------
+    @property
+    def time_s(self) -> int:
+        return parse_time(self.time)
+
+    @property
+    def time_min(self) -> int:
+        """Slurm's granularity is one minute: round up, never cut the user's limit."""
+        return max(1, math.ceil(self.time_s / 60))
+
+    @property
+    def ntasks_per_node(self) -> int:
+        if self.tasks_per_node is not None:
+            return self.tasks_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ntasks_per_node
+
+    @property
+    def signal_lead_s(self) -> int:
+        if self.signal_lead is not None:
+            return self.signal_lead
+        limit = self.time_min * 60
+        return 120 if limit >= 480 else max(10, limit // 4)
+
+    def to_dict(self) -> tp.Dict[str, tp.Any]:
+        return dataclasses.asdict(self)
+
+
+_JOB_KEYS = {f.name for f in dataclasses.fields(SubmitConfig)} - {"entry", "entry_args"}
+_TRAIN_KEYS = {"entry": "entry", "args": "entry_args"}
+
+
+def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
+    """Read an ``hpctrain.toml`` into SubmitConfig keyword arguments; unknown keys are errors.
+
+    Layout::
+
+        [job]                      # any SubmitConfig field: nodes, gpus_per_node, time, partition, ...
+        nodes = 2
+        time = "02:00:00"
+        [train]
+        entry = "mypkg.train:main"
+        args = ["--lr", "3e-4"]
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    unknown_tables = set(data) - {"job", "train"}
+    if unknown_tables:
+        raise UsageError(f"{path}: unknown table(s) {sorted(unknown_tables)}; use [job] and [train]")
+    kwargs: tp.Dict[str, tp.Any] = {}
+    job = data.get("job", {})
+    bad = sorted(set(job) - _JOB_KEYS)
+    if bad:
+        raise UsageError(f"{path}: unknown key(s) {bad} in [job]; valid keys: {', '.join(sorted(_JOB_KEYS))}")
+    kwargs.update(job)
+    train = data.get("train", {})
+    bad = sorted(set(train) - set(_TRAIN_KEYS))
+    if bad:
+        raise UsageError(f"{path}: unknown key(s) {bad} in [train]; valid keys: entry, args")
+    for key, name in _TRAIN_KEYS.items():
+        if key in train:
+            kwargs[name] = train[key]
+    if "entry_args" in kwargs and (
+        not isinstance(kwargs["entry_args"], list) or not all(isinstance(a, str) for a in kwargs["entry_args"])
+    ):
+        raise UsageError(f"{path}: [train] args must be a list of strings")
+    return kwargs

@@ -1,0 +1,93 @@
+"""The one seam between hpctrain and the Slurm client commands (sinfo, squeue, sacct, scancel).
+
+:class:`SlurmCommands` runs the real commands; tests pass a fake with the same ``run`` method
+(``tests/submit/fake_slurm.py``) instead of patching ``subprocess``. Submission itself goes through
+submitit, which calls ``sbatch``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import typing as tp
+
+from hpctrain._errors import HpctrainError
+
+__all__ = ["SlurmCommands", "SlurmCommandError", "TERMINAL_STATES", "JobState"]
+
+# sacct/squeue states after which the job will not run again by itself.
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}
+)
+
+
+class SlurmCommandError(HpctrainError):
+    """A Slurm client command failed or is missing."""
+
+
+class JobState(tp.NamedTuple):
+    state: str
+    """Slurm state name (PENDING, RUNNING, COMPLETED, ...; UNKNOWN when neither squeue nor sacct knows it)."""
+    nodes: str
+    """Node list ('' while pending)."""
+    elapsed: str
+    """Run time as Slurm prints it."""
+    source: str
+    """'squeue' (still in the queue) or 'sacct' (finished) or ''."""
+
+    @property
+    def terminal(self) -> bool:
+        return self.source == "sacct" and self.state in TERMINAL_STATES
+
+
+class SlurmCommands:
+    """Run Slurm client commands; override :meth:`run` (or pass a fake) in tests."""
+
+    def run(self, argv: tp.Sequence[str], timeout: float = 30.0) -> str:
+        """Run ``argv`` and return its stdout; a missing command or non-zero exit raises SlurmCommandError."""
+        if shutil.which(argv[0]) is None:
+            raise SlurmCommandError(f"{argv[0]} is not on PATH: run on a Slurm login node, or use --cluster local")
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SlurmCommandError(f"{' '.join(argv)} did not answer in {timeout:.0f}s: is slurmctld up?") from None
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise SlurmCommandError(f"{' '.join(argv)} failed: {detail[-1] if detail else f'exit {proc.returncode}'}")
+        return proc.stdout
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("sbatch") is not None
+
+    def partitions(self) -> tp.Tuple[tp.List[str], tp.Optional[str]]:
+        """All partition names and the default one (``sinfo`` marks it with ``*``)."""
+        names: tp.List[str] = []
+        default = None
+        for line in self.run(["sinfo", "-h", "-o", "%P"]).split():
+            name = line.strip()
+            if name.endswith("*"):
+                name = name[:-1]
+                default = name
+            if name and name not in names:
+                names.append(name)
+        return names, default
+
+    def job_state(self, job_id: str) -> JobState:
+        """Where the job is: squeue while queued or running, else sacct's final state."""
+        out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N|%M"]).strip()
+        if out:
+            state, nodes, elapsed = (out.splitlines()[0].split("|") + ["", ""])[:3]
+            return JobState(state, nodes, elapsed, "squeue")
+        try:
+            out = self.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList,Elapsed"]).strip()
+        except SlurmCommandError:
+            out = ""  # accounting disabled: the job left the queue, state unknown
+        if out:
+            state, nodes, elapsed = (out.splitlines()[-1].split("|") + ["", ""])[:3]
+            # "CANCELLED by 0" -> CANCELLED
+            return JobState(state.split()[0], nodes, elapsed, "sacct")
+        return JobState("UNKNOWN", "", "", "")
+
+    def cancel(self, job_id: str) -> None:
+        self.run(["scancel", job_id])
