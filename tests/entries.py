@@ -1,0 +1,43 @@
+"""Entry points the tests submit (``tests.entries:NAME``); importable from the repository root."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from hpctrain._atomic import atomic_write_json
+
+
+def allreduce_probe(ctx):
+    """One gloo all-reduce + one DDP step; each rank writes what it saw to run_dir/probe/rank-N.json."""
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.dist.process_group import wrap_ddp
+    from hpctrain.launch.runner import _local_address
+
+    value = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(value)
+    torch.manual_seed(0)
+    model = wrap_ddp(torch.nn.Linear(4, 2), ctx.device)
+    x = torch.full((3, 4), float(ctx.rank))  # a different batch per rank: DDP must average the grads
+    model(x).sum().backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    weights = [p.detach().flatten().tolist() for p in model.parameters()]
+    record = {
+        "rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
+        "hostname": ctx.hostname, "address": _local_address(ctx.master_addr, ctx.master_port),
+        "reduced": value.item(), "weights": weights, "dist_rank": dist.get_rank(),
+        "dist_world": dist.get_world_size(), "backend": ctx.backend, "args": list(ctx.args),
+        "job_id": ctx.job_id, "master": f"{ctx.master_addr}:{ctx.master_port}", "time": time.time(),
+    }
+    (ctx.run_dir / "probe").mkdir(exist_ok=True)
+    atomic_write_json(ctx.run_dir / "probe" / f"rank-{ctx.rank}.json", record)
+    return record
+
+
+def fail_on_rank_1(ctx):
+    if ctx.rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    return ctx.rank

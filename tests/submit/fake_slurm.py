@@ -1,0 +1,44 @@
+"""A fake of the Slurm client commands behind :class:`hpctrain.submit.slurm.SlurmCommands`.
+
+For fast unit tests of the logic around Slurm (partition checks, state polling, --follow). Slurm
+behaviour itself is tested on the real dev cluster (tests/cluster).
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+from hpctrain.submit.slurm import SlurmCommandError, SlurmCommands
+
+
+class FakeSlurm(SlurmCommands):
+    def __init__(self, partitions: tp.Sequence[str] = ("debug*", "low", "high")) -> None:
+        self.partition_lines = list(partitions)
+        self.queue: tp.Dict[str, tp.List[str]] = {}  # job id -> states squeue reports, consumed per call
+        self.final: tp.Dict[str, str] = {}  # job id -> sacct state once out of the queue
+        self.calls: tp.List[tp.List[str]] = []
+        self.accounting = True
+
+    def run(self, argv: tp.Sequence[str], timeout: float = 30.0) -> str:
+        argv = list(argv)
+        self.calls.append(argv)
+        program = argv[0]
+        if program == "sinfo":
+            return "\n".join(self.partition_lines) + "\n"
+        if program == "squeue":
+            job = argv[argv.index("-j") + 1]
+            states = self.queue.get(job, [])
+            if not states:
+                return ""
+            state = states.pop(0)
+            return f"{state}|node[1-2]|0:05\n"
+        if program == "sacct":
+            if not self.accounting:
+                raise SlurmCommandError("sacct failed: Slurm accounting storage is disabled")
+            job = argv[argv.index("-j") + 1]
+            return f"{self.final[job]}|node[1-2]|00:00:09\n" if job in self.final else ""
+        if program == "scancel":
+            self.final[argv[1]] = "CANCELLED by 0"
+            self.queue[argv[1]] = []
+            return ""
+        raise SlurmCommandError(f"{program} is not faked")
