@@ -1,0 +1,135 @@
+"""On the real dev cluster (tests/cluster/devcluster up): multi-node DDP through hpctrain.submit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.submit.config import SubmitConfig
+from hpctrain.submit.sbatch import render_sbatch
+
+pytestmark = [pytest.mark.slurm]
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), TORCH_CPP_LOG_LEVEL="ERROR")
+
+
+def submit(args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "hpctrain.submit", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def sacct_state(job_id: str) -> str:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True).stdout.split()
+    return out[-1] if out else ""
+
+
+def wait_final(job_id: str, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip()
+        if not queued:
+            state = sacct_state(job_id)
+            if state and state not in ("PENDING", "RUNNING", "COMPLETING"):
+                return state
+        time.sleep(0.5)
+    raise TimeoutError(f"job {job_id} still not finished after {timeout}s")
+
+
+def test_two_nodes_two_tasks_allreduce_and_ddp_step(tmp_path):
+    run_dir = tmp_path / "ddp"
+    args = ["--nodes", "2", "--tasks-per-node", "2", "--gpus-per-node", "0", "--time", "5", "--job-name", "ddp-probe",
+            "--entry", "tests.entries:allreduce_probe", "--run-dir", str(run_dir)]
+    proc = submit([*args, "--follow", "--", "--marker", "42"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((run_dir / "submission.json").read_text())
+    job_id = record["job_id"]
+    assert f"Submitted job {job_id}" in proc.stdout and f"ended COMPLETED" in proc.stdout
+    # sacct agrees (accounting is on in the dev cluster, as on a real one).
+    assert wait_final(job_id) == "COMPLETED"
+
+    probes = [json.loads(p.read_text()) for p in sorted((run_dir / "probe").glob("rank-*.json"))]
+    assert sorted(p["rank"] for p in probes) == [0, 1, 2, 3]  # each rank exactly once
+    assert all(p["world_size"] == 4 and p["dist_world"] == 4 and p["dist_rank"] == p["rank"] for p in probes)
+    assert all(p["reduced"] == 1 + 2 + 3 + 4 for p in probes)
+    assert len({json.dumps(p["weights"]) for p in probes}) == 1  # DDP averaged different batches identically
+    assert all(p["args"] == ["--marker", "42"] and p["job_id"] == job_id for p in probes)
+    hosts = {p["hostname"] for p in probes}
+    addresses = {p["address"] for p in probes}
+    assert len(hosts) == 2 and len(addresses) == 2, (hosts, addresses)  # two nodes, two network namespaces
+    assert {p["master"].split(":")[0] for p in probes} == {sorted(hosts)[0]}
+    for p in probes:  # local ranks 0,1 on each node, node rank matches the host
+        assert p["local_rank"] == p["rank"] % 2 and p["node_rank"] == p["rank"] // 2
+
+    logs = run_dir / "logs"
+    for rank in range(4):
+        out = (logs / f"{job_id}_{rank}_log.out").read_text()
+        assert f"hpctrain: rank {rank}/4" in out
+        assert (logs / f"{job_id}_{rank}_log.err").exists()
+    # What was submitted is exactly what --dry-run prints for the same configuration.
+    cfg = SubmitConfig(nodes=2, tasks_per_node=2, gpus_per_node=0, time="5", job_name="ddp-probe", entry="tests.entries:allreduce_probe")
+    assert (run_dir / "sbatch.sh").read_text() == render_sbatch(cfg, folder=logs, python=sys.executable)
+    ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks" / f"{job_id}-r0").glob("rank-*.json")]
+    print(f"\nsbatch -> all 4 ranks started: {max(r['started_at'] for r in ranks) - record['submitted_at']:.2f}s, "
+          f"joined the group: {max(r['joined_at'] for r in ranks) - record['submitted_at']:.2f}s")
+
+
+def test_hostile_run_dir_and_job_name_run_without_injection(tmp_path):
+    name = "we'ird \"name\"; $(touch PWNED) `touch PWNED`"
+    run_dir = tmp_path / "a b'; $(touch PWNED)"
+    proc = submit(["--nodes", "1", "--time", "5", "--job-name", name, "--entry", "hpctrain.examples.demo:main",
+                   "--run-dir", str(run_dir), "--follow", "--", "--steps", "2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = json.loads((run_dir / "submission.json").read_text())["job_id"]
+    assert json.loads((run_dir / "demo_result.json").read_text())["steps"] == 2
+    assert not list(tmp_path.rglob("PWNED")) and not (ROOT / "PWNED").exists()
+    got = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName"], capture_output=True, text=True).stdout.strip()
+    assert got == name.replace('"', "`")  # slurmdbd stores a double quote as a backtick
+
+
+def test_unknown_partition_names_the_real_ones(tmp_path):
+    proc = submit(["--partition", "nosuch", "--entry", "hpctrain.examples.demo:main", "--run-dir", str(tmp_path / "r")])
+    assert proc.returncode == 2
+    assert "--partition 'nosuch' does not exist on this cluster; sinfo lists: debug, low, lownograce, high" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_plain_sbatch_template_runs_the_same_entry(tmp_path):
+    run_dir = tmp_path / "plain"
+    env = dict(ENV, HPCTRAIN_ENTRY="tests.entries:allreduce_probe", HPCTRAIN_RUN_DIR=str(run_dir), HPCTRAIN_PYTHON=sys.executable)
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--time=5", f"--output={tmp_path}/batch-%j.out",
+         str(ROOT / "sbatch_templates" / "ddp.sbatch"), "--from-template"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    job_id = out.split(";")[0]
+    assert wait_final(job_id) == "COMPLETED", (tmp_path / f"batch-{job_id}.out").read_text()
+    probes = [json.loads(p.read_text()) for p in sorted((run_dir / "probe").glob("rank-*.json"))]
+    assert [p["rank"] for p in probes] == [0, 1] and all(p["reduced"] == 3.0 for p in probes)
+    assert len({p["hostname"] for p in probes}) == 2 and all(p["args"] == ["--from-template"] for p in probes)
+
+
+def test_launch_in_the_batch_shell_fails_fast_with_advice(tmp_path):
+    cmd = f"{sys.executable} -m hpctrain.launch --entry tests.entries:allreduce_probe --run-dir {tmp_path}"
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", "--ntasks=2", "--time=2", f"--output={tmp_path}/out-%j.txt", "--wrap", cmd],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert wait_final(job_id) == "FAILED"
+    text = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert "running in the batch shell of job" in text and "launch the training command with srun" in text
+
+
+def test_second_up_is_a_noop():
+    base = Path(os.environ.get("DEVCLUSTER_DIR", "/tmp/hpctrain-devcluster"))
+    before = (base / "run" / "slurmctld.pid").read_text()
+    proc = subprocess.run([str(ROOT / "tests" / "cluster" / "devcluster"), "up"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "already up" in proc.stderr
+    assert (base / "run" / "slurmctld.pid").read_text() == before
+    status = subprocess.run([str(ROOT / "tests" / "cluster" / "devcluster"), "status"], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "accounting: sacct answers" in status.stdout
+    assert status.stdout.count("running (pid") >= 6  # munge (unless pre-existing), mariadb, slurmdbd, slurmctld, 4 slurmd
