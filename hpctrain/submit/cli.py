@@ -20,6 +20,9 @@ from hpctrain.submit.config import DEFAULT_CONFIG_FILE, SubmitConfig, format_tim
 
 __all__ = ["main", "build_parser", "resolve_config"]
 
+# squeue reasons meaning the request exceeds what the partition/cluster can ever give.
+NEVER_STARTS = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "AssocMaxNodesPerJobLimit", "QOSMaxNodePerJobLimit"})
+
 EPILOG = """\
 examples:
   python -m hpctrain.submit --nodes 8 --gpus-per-node 4 --time 12:00:00 --entry mypkg.train:main -- --lr 3e-4
@@ -149,7 +152,10 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
     if sub.cluster == "slurm":
         state = slurm.job_state(sub.job_id)
         console.print(f"[bold green]Submitted job {sub.job_id}[/] ({cfg.job_name}) to Slurm: {what}, limit {format_time(cfg.time_min * 60)}")
-        console.print(f"  state   : {state.state} ({state.source or 'not yet visible'})")
+        why = f", reason {state.reason}" if state.reason else ""
+        console.print(f"  state   : {state.state} ({state.source or 'not yet visible'}{why})")
+        if state.reason in NEVER_STARTS:
+            console.print(f"  [bold yellow]warning[/]: Slurm says {state.reason}: this job cannot start as requested (check --nodes/--partition/--time against sinfo)")
     else:
         console.print(f"[bold green]Running job {sub.job_id}[/] ({cfg.job_name}) locally: {cfg.world_size} process(es), {what}")
     console.print(f"  run dir : {sub.run_dir}")

@@ -34,6 +34,8 @@ class JobState(tp.NamedTuple):
     """Run time as Slurm prints it."""
     source: str
     """'squeue' (still in the queue) or 'sacct' (finished) or ''."""
+    reason: str = ""
+    """squeue's reason while pending (Priority, Resources, PartitionConfig, ...)."""
 
     @property
     def terminal(self) -> bool:
@@ -75,10 +77,10 @@ class SlurmCommands:
 
     def job_state(self, job_id: str) -> JobState:
         """Where the job is: squeue while queued or running, else sacct's final state."""
-        out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N|%M"]).strip()
+        out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N|%M|%r"]).strip()
         if out:
-            state, nodes, elapsed = (out.splitlines()[0].split("|") + ["", ""])[:3]
-            return JobState(state, nodes, elapsed, "squeue")
+            state, nodes, elapsed, reason = (out.splitlines()[0].split("|") + ["", "", ""])[:4]
+            return JobState(state, nodes, elapsed, "squeue", "" if reason == "None" else reason)
         try:
             out = self.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList,Elapsed"]).strip()
         except SlurmCommandError:

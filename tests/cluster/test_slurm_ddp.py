@@ -133,3 +133,11 @@ def test_second_up_is_a_noop():
     status = subprocess.run([str(ROOT / "tests" / "cluster" / "devcluster"), "status"], capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "accounting: sacct answers" in status.stdout
     assert status.stdout.count("running (pid") >= 6  # munge (unless pre-existing), mariadb, slurmdbd, slurmctld, 4 slurmd
+
+
+def test_request_larger_than_the_cluster_is_flagged(tmp_path):
+    proc = submit(["--nodes", "8", "--entry", "hpctrain.examples.demo:main", "--run-dir", str(tmp_path / "r")])
+    job_id = json.loads((tmp_path / "r" / "submission.json").read_text())["job_id"]
+    subprocess.run(["scancel", job_id], check=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "reason PartitionConfig" in proc.stdout and "cannot start as requested" in proc.stdout

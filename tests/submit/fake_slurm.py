@@ -31,7 +31,8 @@ class FakeSlurm(SlurmCommands):
             if not states:
                 return ""
             state = states.pop(0)
-            return f"{state}|node[1-2]|0:05\n"
+            reason = "Priority" if state == "PENDING" else "None"
+            return f"{state}|node[1-2]|0:05|{reason}\n"
         if program == "sacct":
             if not self.accounting:
                 raise SlurmCommandError("sacct failed: Slurm accounting storage is disabled")

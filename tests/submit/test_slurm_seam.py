@@ -14,8 +14,8 @@ def test_job_state_moves_from_squeue_to_sacct():
     fake.queue["7"] = ["PENDING", "RUNNING"]
     fake.final["7"] = "COMPLETED"
     seen = [fake.job_state("7") for _ in range(3)]
-    assert [(s.state, s.source, s.terminal) for s in seen] == [
-        ("PENDING", "squeue", False), ("RUNNING", "squeue", False), ("COMPLETED", "sacct", True)]
+    assert [(s.state, s.source, s.terminal, s.reason) for s in seen] == [
+        ("PENDING", "squeue", False, "Priority"), ("RUNNING", "squeue", False, ""), ("COMPLETED", "sacct", True, "")]
 
 
 def test_job_state_without_accounting_is_unknown_not_an_error():
