@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 from hpctrain._atomic import atomic_write_json

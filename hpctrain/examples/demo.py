@@ -9,7 +9,6 @@ the run directory. Later issues grow this into the full showcase (HDF5 data, che
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import typing as tp
 

@@ -11,35 +11,22 @@ import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.dist.env import DistEnv
+
 __all__ = ["RunContext"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunContext:
-    """Where this task stands in the run. One per process."""
+class RunContext(DistEnv):
+    """Where this task stands in the run. One per process.
 
-    rank: int
-    """Global rank, 0 .. world_size-1."""
-    local_rank: int
-    """Rank among the tasks on this node; the GPU index on GPU jobs."""
-    world_size: int
-    """Number of processes in the job."""
-    local_world_size: int
-    """Number of processes on this node."""
-    node_rank: int
-    """Index of this node in the job's node list."""
-    num_nodes: int
-    """Number of nodes in the job."""
-    master_addr: str
-    """Rendezvous host (the first node of the job)."""
-    master_port: int
-    """Rendezvous port (derived from the job id)."""
+    Inherits every :class:`~hpctrain.dist.env.DistEnv` field: ``rank``, ``local_rank``,
+    ``world_size``, ``local_world_size``, ``node_rank``, ``num_nodes``, ``master_addr``,
+    ``master_port``, ``job_id``, ``restart_count``, ``hostnames``, ``launcher``.
+    """
+
     run_dir: Path
     """The run directory shared by all nodes: write outputs, checkpoints and records under it."""
-    restart_count: int
-    """0 on the first run; 1, 2, ... after each Slurm requeue (preemption, time limit)."""
-    job_id: str
-    """Slurm job id ('' when run without a scheduler)."""
     device: tp.Any
     """``torch.device``: ``cuda:<local_rank>`` on GPU jobs, ``cpu`` otherwise."""
     backend: str

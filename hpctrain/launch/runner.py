@@ -8,9 +8,9 @@ sbatch templates reach the same code through ``python -m hpctrain.launch``.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
-import json
 import os
 import socket
 import sys
@@ -130,11 +130,9 @@ class Runner:
         joined = time.time()
         try:
             ctx = RunContext(
-                rank=env.rank, local_rank=env.local_rank, world_size=env.world_size,
-                local_world_size=env.local_world_size, node_rank=env.node_rank, num_nodes=env.num_nodes,
-                master_addr=env.master_addr, master_port=env.master_port, run_dir=Path(self.run_dir),
-                restart_count=env.restart_count, job_id=env.job_id, device=device, backend=backend,
-                hostname=socket.gethostname(), args=self.entry_args,
+                **{f.name: getattr(env, f.name) for f in dataclasses.fields(env)},
+                run_dir=Path(self.run_dir), device=device, backend=backend, hostname=socket.gethostname(),
+                args=self.entry_args,
             )
             self._record_rank(ctx, started, joined)
             print(

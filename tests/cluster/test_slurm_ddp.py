@@ -48,7 +48,7 @@ def test_two_nodes_two_tasks_allreduce_and_ddp_step(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((run_dir / "submission.json").read_text())
     job_id = record["job_id"]
-    assert f"Submitted job {job_id}" in proc.stdout and f"ended COMPLETED" in proc.stdout
+    assert f"Submitted job {job_id}" in proc.stdout and "ended COMPLETED" in proc.stdout
     # sacct agrees (accounting is on in the dev cluster, as on a real one).
     assert wait_final(job_id) == "COMPLETED"
 

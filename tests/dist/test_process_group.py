@@ -1,13 +1,11 @@
 """The Runner on real processes: rendezvous from the environment, gloo group, entry(ctx), clean exit."""
 
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.multiproc import free_port, run_world
 

@@ -1,4 +1,3 @@
-from pathlib import Path
 
 from hpctrain.submit.follow import LogTail, follow
 from tests.submit.fake_slurm import FakeSlurm
