@@ -25,7 +25,7 @@ def open_h5(path: str, rdcc_nbytes: tp.Optional[int] = None) -> tp.Any:
     import h5py
 
     if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file; check H5DataConfig.files")
+        raise UsageError(f"{path}: no such file; check the path")
     if os.path.isdir(path):
         raise UsageError(f"{path}: is a directory, not an HDF5 file")
     if os.path.getsize(path) == 0 or not h5py.is_hdf5(path):

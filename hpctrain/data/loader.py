@@ -70,6 +70,7 @@ class H5Loader:
         self._pin_next = 0
         self._closed = False
         self._active = 0  # generation of the live iterator; older ones stop
+        self._pending: tp.Set[int] = set()  # task ids submitted and not yet collected
 
     # ---- topology, plan ------------------------------------------------------------------------
     def _check_topology(self) -> None:
@@ -192,10 +193,16 @@ class H5Loader:
         return self._pool.alive_pids() if self._pool is not None else []
 
     def _stop_iteration(self) -> None:
-        """Abandon a live iterator: its in-flight tasks finish into slots nobody will read."""
+        """Abandon a live iterator: wait for its in-flight tasks (a few batches) and discard them."""
         if self._active:
             self._active += 1
-            self._shutdown_pool()  # simplest way to discard in-flight work; workers restart lazily
+            pending, self._pending = self._pending, set()
+            if self._pool is not None:
+                try:
+                    for tid in sorted(pending):
+                        self._pool.wait(tid)
+                except HpctrainError:
+                    self._shutdown_pool()  # a broken pool restarts lazily
 
     # ---- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> tp.Iterator[tp.Dict[str, torch.Tensor]]:
@@ -214,6 +221,7 @@ class H5Loader:
         pool, arena = self._pool, self._arena
         assert pool is not None and arena is not None
         free = list(range(arena.nslots))
+        self._held = None  # a new iterator: every slot is free again
         tasks: tp.List[tp.Tuple[int, tp.List[int], int]] = []  # (task_id, slots, first batch)
         next_batch, task_id = first, 0
         with_valid = c.tail == "exact"
@@ -226,43 +234,41 @@ class H5Loader:
                 batches = np.arange(next_batch, min(nb, next_batch + k))
                 ids, valid = plan.slots(batches, self.rank, self.world_size)
                 slots = [free.pop() for _ in batches]
+                self._pending.add(task_id)
                 pool.submit(task_id, [(s, ids[i], valid[i] if with_valid else None) for i, s in enumerate(slots)])
                 tasks.append((task_id, slots, int(batches[0])))
                 next_batch += len(batches)
                 task_id += 1
 
-        try:
-            submit_more()
-            while tasks and gen == self._active:
-                tid, slots, b0 = tasks[0]
-                for i, slot in enumerate(slots):
-                    if self._held is not None:
-                        free.append(self._held)
-                        self._held = None
-                    t0 = time.perf_counter()
-                    depth = sum(len(s) for t, s, _ in tasks if pool.ready(t)) - (i if pool.ready(tid) else 0)
-                    if i == 0:
-                        nbytes, secs = pool.wait(tid)
-                        self.metrics.add_read(nbytes, secs)
-                    submit_more()
-                    batch = self._deliver(arena.views(slot), slot)
-                    wait = time.perf_counter() - t0
-                    views = arena.views(slot)
-                    self.metrics.record(StepMetrics(b0 + i, wait, max(depth, 0), len(views["index"]),
-                                                    sum(views[key].nbytes for key in data_keys)))
-                    self.samples_consumed = (b0 + i + 1) * c.global_batch_size
-                    yield batch
-                    if gen != self._active:
-                        return
-                tasks.pop(0)
+        submit_more()
+        while tasks and gen == self._active:
+            tid, slots, b0 = tasks[0]
+            for i, slot in enumerate(slots):
+                if self._held is not None:
+                    free.append(self._held)
+                    self._held = None
+                t0 = time.perf_counter()
+                depth = sum(len(s) for t, s, _ in tasks[1:] if pool.ready(t))
+                depth += len(slots) - i if i > 0 or pool.ready(tid) else 0
+                if i == 0:
+                    nbytes, secs = pool.wait(tid)
+                    self._pending.discard(tid)
+                    self.metrics.add_read(nbytes, secs)
                 submit_more()
-            if gen == self._active:
-                self.epoch, self.samples_consumed = self.epoch + 1, 0
-                self._active = 0
-        finally:
-            if self._held is not None and gen == self._active:
-                free.append(self._held)
-                self._held = None
+                batch = self._deliver(arena.views(slot), slot)
+                wait = time.perf_counter() - t0
+                views = arena.views(slot)
+                self.metrics.record(StepMetrics(b0 + i, wait, max(depth, 0), len(views["index"]),
+                                                sum(views[key].nbytes for key in data_keys)))
+                self.samples_consumed = (b0 + i + 1) * c.global_batch_size
+                yield batch
+                if gen != self._active:
+                    return
+            tasks.pop(0)
+            submit_more()
+        if gen == self._active:
+            self.epoch, self.samples_consumed = self.epoch + 1, 0
+            self._active = 0
 
     def _deliver(self, views: tp.Dict[str, np.ndarray], slot: int) -> tp.Dict[str, torch.Tensor]:
         dev = self.device
