@@ -245,6 +245,8 @@ class WorkerPool:
         self._done[task_id] = payload
 
     def ready(self, task_id: int) -> bool:
+        if task_id in self._done:
+            return True
         while True:
             try:
                 kind, tid, wid, payload = self.results.get_nowait()
