@@ -237,7 +237,7 @@ def test_default_rank_from_environment_less_process(files):
 def test_cpu_batches_are_tensors(files):
     with H5Loader(cfg(files["contig"], num_workers=0), rank=0, world_size=1, device="cpu") as x:
         b = next(iter(x))
-        assert b["x"].dtype == torch.float32 and b["y"].dtype == torch.int64 and b["x"].shape == (40, 2, 4, 4)
+        assert b["x"].dtype == torch.float32 and b["y"].dtype == torch.int64 and b["x"].shape == (40, 3, 8, 8)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
