@@ -43,13 +43,14 @@ class H5DataConfig:
     size. Default: the world size of the first run (kept in the resume state)."""
     num_workers: int = 2
     """Reader processes per rank (0 = read in the calling process, for debugging)."""
-    prefetch_depth: int = 2
-    """Read tasks in flight per worker (each task fills a few batches); bounds the ready-batch queue."""
+    prefetch_depth: int = 1
+    """Read tasks queued per worker beyond the batches being consumed. A task fills the batches that cover
+    about two shuffle windows, so 1 already keeps ``num_workers`` tasks of batches ahead of the consumer."""
     start_method: str = "forkserver"
     """How worker processes start: ``fork``, ``spawn`` or ``forkserver``. Files are opened in each worker."""
     pin_memory: bool = True
     """Stage batches in pinned host memory before a non-blocking copy when the loader has a CUDA device."""
-    block_bytes: int = 4 << 20
+    block_bytes: int = 1 << 20
     """Read unit for contiguous (unchunked) datasets, in bytes; chunked datasets use their chunk."""
     rdcc_nbytes: int = 16 << 20
     """HDF5 chunk cache per dataset in each worker (a whole chunk must fit for efficient reads)."""

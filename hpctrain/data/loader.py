@@ -34,6 +34,7 @@ __all__ = ["H5Loader", "STATE_FORMAT"]
 
 STATE_FORMAT = "hpctrain.data/1"
 _TASK_WINDOWS = 2.0  # a task spans this many shuffle windows per partition: read amplification ≈ 1 + 1/this
+_SLOT_BUDGET = 512 << 20  # at most this much shared memory for ready/in-flight batches per rank
 
 
 def _default_rank_world() -> tp.Tuple[int, int]:
@@ -117,7 +118,14 @@ class H5Loader:
         block_rows = lay.num_samples / max(1, len(lay.block_starts) - 1)
         per_part = c.global_batch_size // self.partitions
         k = math.ceil(_TASK_WINDOWS * c.window_chunks * block_rows / per_part) if c.shuffle else 4
-        return int(min(max(k, 1), 64, self.num_batches))
+        # bound the shared-memory slots: (tasks in flight + the one being consumed) x k batches
+        batch_bytes = self.local_batch_size * max(1, self.layout.sample_bytes())
+        cap = (_SLOT_BUDGET // batch_bytes - 1) // (self._tasks_in_flight() + 1)
+        return int(max(1, min(k, cap, self.num_batches)))
+
+    def _tasks_in_flight(self) -> int:
+        c = self.config
+        return c.num_workers * c.prefetch_depth if c.num_workers else 0
 
     # ---- resume --------------------------------------------------------------------------------
     def state_dict(self) -> tp.Dict[str, tp.Any]:
@@ -167,7 +175,7 @@ class H5Loader:
     # ---- workers -------------------------------------------------------------------------------
     def _ensure_pool(self, k: int) -> None:
         c = self.config
-        nslots = (max(c.num_workers, 1) * c.prefetch_depth + 1) * k
+        nslots = (self._tasks_in_flight() + 1) * k + 1  # + the batch the consumer holds
         if self._pool is not None and self._arena is not None and self._arena.nslots >= nslots:
             return
         self._shutdown_pool()
@@ -230,7 +238,7 @@ class H5Loader:
 
         def submit_more() -> None:
             nonlocal next_batch, task_id
-            while next_batch < nb and len(free) >= k and len(tasks) < max(c.num_workers, 1) * c.prefetch_depth:
+            while next_batch < nb and len(free) >= k and len(tasks) <= self._tasks_in_flight():
                 batches = np.arange(next_batch, min(nb, next_batch + k))
                 ids, valid = plan.slots(batches, self.rank, self.world_size)
                 slots = [free.pop() for _ in batches]
@@ -266,6 +274,8 @@ class H5Loader:
                     return
             tasks.pop(0)
             submit_more()
+        if gen == self._active and next_batch < nb:
+            raise HpctrainError(f"internal error: data pipeline stalled at batch {next_batch} of {nb}")
         if gen == self._active:
             self.epoch, self.samples_consumed = self.epoch + 1, 0
             self._active = 0
