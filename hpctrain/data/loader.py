@@ -69,6 +69,7 @@ class H5Loader:
         self._held: tp.Optional[int] = None  # slot the consumer is holding
         self._pinned: tp.List[tp.Any] = []
         self._pin_next = 0
+        self._copy_stream: tp.Any = None
         self._closed = False
         self._active = 0  # generation of the live iterator; older ones stop
         self._pending: tp.Set[int] = set()  # task ids submitted and not yet collected
@@ -285,19 +286,26 @@ class H5Loader:
         if dev is None or dev.type == "cpu":
             self._held = slot
             return {k: torch.from_numpy(v) for k, v in views.items()}
-        # pinned staging ring → non-blocking copy; the slot is free as soon as the host copy is done
+        # pinned staging ring → non-blocking copy on a side stream, so the H2D of batch i+1 overlaps the
+        # compute of step i; the consumer's stream waits for the copy, not the host
         if self.config.pin_memory and dev.type == "cuda":
             if not self._pinned:
                 self._pinned = [({k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, pin_memory=True)
                                   for k, v in views.items()}, None) for _ in range(3)]
+                self._copy_stream = torch.cuda.Stream(device=dev)
             bufs, event = self._pinned[self._pin_next]
             if event is not None:
-                event.synchronize()
+                event.synchronize()  # the copy that last used this pinned buffer is done
             for key, v in views.items():
                 bufs[key].copy_(torch.from_numpy(v))
-            out = {key: t.to(dev, non_blocking=True) for key, t in bufs.items()}
-            ev = torch.cuda.Event()
-            ev.record()
+            with torch.cuda.stream(self._copy_stream):
+                out = {key: t.to(dev, non_blocking=True) for key, t in bufs.items()}
+                ev = torch.cuda.Event()
+                ev.record(self._copy_stream)
+            consumer = torch.cuda.current_stream(dev)
+            consumer.wait_event(ev)
+            for t in out.values():
+                t.record_stream(consumer)  # the caching allocator must not reuse it before the step ran
             self._pinned[self._pin_next] = (bufs, ev)
             self._pin_next = (self._pin_next + 1) % len(self._pinned)
         else:
