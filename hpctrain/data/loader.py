@@ -33,7 +33,7 @@ from hpctrain.data.metrics import LoaderMetrics, StepMetrics
 __all__ = ["H5Loader", "STATE_FORMAT"]
 
 STATE_FORMAT = "hpctrain.data/1"
-_TASK_WINDOWS = 2.0  # a task spans this many shuffle windows per partition: read amplification ≈ 1 + 1/this
+_TASK_WINDOWS = 4.0  # a task spans this many shuffle windows per partition: read amplification ≈ 1 + 1/this
 _SLOT_BUDGET = 512 << 20  # at most this much shared memory for ready/in-flight batches per rank
 
 
@@ -240,7 +240,8 @@ class H5Loader:
         def submit_more() -> None:
             nonlocal next_batch, task_id
             while next_batch < nb and len(free) >= k and len(tasks) <= self._tasks_in_flight():
-                batches = np.arange(next_batch, min(nb, next_batch + k))
+                size = k if task_id else max(1, k // 4)  # a short first task: the first batch comes sooner
+                batches = np.arange(next_batch, min(nb, next_batch + size))
                 ids, valid = plan.slots(batches, self.rank, self.world_size)
                 slots = [free.pop() for _ in batches]
                 self._pending.add(task_id)
