@@ -218,6 +218,8 @@ class H5Loader:
         if self._closed:
             raise HpctrainError("H5Loader is closed")
         self._stop_iteration()
+        if self.samples_consumed >= self.num_batches * self.config.global_batch_size:
+            self.epoch, self.samples_consumed = self.epoch + 1, 0  # the last batch was taken, not the end
         self._active += 1
         return self._run(self._active)
 
