@@ -250,3 +250,11 @@ def test_contiguous_direct_reads_with_padding(files, workers):
             for b in x:
                 seen += check_batch(b)
     assert set(seen) == set(range(900)) and len(seen) == 8 * 128
+
+
+def test_iterating_again_after_taking_the_last_batch_starts_the_next_epoch(files):
+    with H5Loader(cfg(files["gzip"], num_workers=0), rank=0, world_size=1) as x:
+        epoch_ids(x, limit=len(x))  # took the last batch but never hit StopIteration
+        assert x.epoch == 0
+        again = epoch_ids(x)
+        assert len(again) == len(x) and x.epoch == 2
