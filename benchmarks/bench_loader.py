@@ -116,7 +116,6 @@ def timed(epochs: tp.Callable[[int], tp.Iterable[tp.Any]], batch: int, budget_s:
 
 
 def peer_rate(path: str, batch: int, workers: int, budget_s: float) -> float:
-    import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
     ds = PerSampleH5(path)
@@ -129,10 +128,7 @@ def peer_rate(path: str, batch: int, workers: int, budget_s: float) -> float:
         sampler.set_epoch(e)
         return dl
 
-    rate = timed(epochs, batch, budget_s)
-    del dl
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    return rate
+    return timed(epochs, batch, budget_s)  # the workers go with ``dl`` when this returns
 
 
 def loader_cfg(path: str, batch: int, workers: int) -> H5DataConfig:
