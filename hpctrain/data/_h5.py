@@ -103,15 +103,17 @@ def key_info(path: str, f: tp.Any, key: str) -> KeyInfo:
         raise UsageError(f"{path}: {key!r} is a group, not a dataset; name the dataset inside it")
     if ds.ndim == 0:
         raise UsageError(f"{path}: {key!r} is a scalar; datasets must be indexed by sample along axis 0")
-    if ds.dtype.hasobject or ds.dtype.kind in "OV" and ds.dtype.fields is None:
-        raise UsageError(f"{path}: {key!r} has dtype {ds.dtype} (variable-length/opaque), which is not supported")
+    if ds.dtype.hasobject or ds.dtype.kind in "OVSUM" or ds.dtype.fields is not None:
+        raise UsageError(f"{path}: {key!r} has dtype {ds.dtype} (variable-length, string, compound or opaque), which "
+                         f"torch tensors cannot hold; store numeric datasets (one per field)")
     chunk_rows = ds.chunks[0] if ds.chunks else None
     offset = None
-    if ds.chunks is None and not ds.compression:
+    if ds.chunks is None and not ds.compression and ds.dtype.isnative:
         off = ds.id.get_offset()
         offset = None if off is None else int(off)  # None: never written (all fill value)
     chunk_bytes = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize if ds.chunks else None
-    return KeyInfo(str(ds.dtype), tuple(int(s) for s in ds.shape[1:]), int(ds.shape[0]), chunk_rows,
+    native = ds.dtype.newbyteorder("=")  # big-endian files are converted by libhdf5 on read
+    return KeyInfo(native.str, tuple(int(s) for s in ds.shape[1:]), int(ds.shape[0]), chunk_rows,
                    ds.compression, offset, chunk_bytes)
 
 
@@ -130,8 +132,9 @@ def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 <
             for k in keys:
                 a, b = infos[0].keys[k], kinfo[k]
                 if (a.dtype, a.sample_shape) != (b.dtype, b.sample_shape):
-                    raise UsageError(f"{path}: key {k!r} is {b.dtype}{list(b.sample_shape)} but "
-                                     f"{infos[0].path} has {a.dtype}{list(a.sample_shape)}; files must agree")
+                    raise UsageError(f"{path}: key {k!r} is {np.dtype(b.dtype).name}{list(b.sample_shape)} but "
+                                     f"{infos[0].path} has {np.dtype(a.dtype).name}{list(a.sample_shape)}; "
+                                     f"files must agree")
         infos.append(FileInfo(path, os.path.getsize(path), kinfo))
     counts = np.array([fi.length for fi in infos], dtype=np.int64)
     if counts.sum() == 0:

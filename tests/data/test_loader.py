@@ -258,3 +258,37 @@ def test_iterating_again_after_taking_the_last_batch_starts_the_next_epoch(files
         assert x.epoch == 0
         again = epoch_ids(x)
         assert len(again) == len(x) and x.epoch == 2
+
+
+def test_dtypes_big_endian_half_and_bytes(tmp_path):
+    import h5py
+
+    path = tmp_path / "dtypes.h5"
+    n = 100
+    with h5py.File(path, "w") as f:
+        f.create_dataset("be", data=np.arange(n * 80, dtype=">f4").reshape(n, 80))  # contiguous, big-endian
+        f.create_dataset("half", data=np.arange(n, dtype=np.float16)[:, None].repeat(4, 1), chunks=(10, 4),
+                         compression="gzip")
+        f.create_dataset("img", data=(np.arange(n * 300) % 251).astype(np.uint8).reshape(n, 300))
+        f.create_dataset("flag", data=np.arange(n) % 2 == 0)
+    c = H5DataConfig(files=[str(path)], keys=("be", "half", "img", "flag"), global_batch_size=20, num_workers=1,
+                     start_method="fork")
+    with H5Loader(c, rank=0, world_size=1) as x:
+        for b in x:
+            i = b["index"].numpy()
+            assert b["be"].dtype == torch.float32 and (b["be"][:, 0].numpy() == i * 80).all()
+            assert b["half"].dtype == torch.float16 and (b["half"][:, 3].numpy() == i).all()
+            assert b["img"].dtype == torch.uint8 and (b["img"][:, 1].numpy() == (i * 300 + 1) % 251).all()
+            assert (b["flag"].numpy() == (i % 2 == 0)).all()
+
+
+def test_string_and_compound_dtypes_are_refused(tmp_path):
+    import h5py
+
+    path = tmp_path / "odd.h5"
+    with h5py.File(path, "w") as f:
+        f["name"] = np.array([b"a", b"b"])
+        f["rec"] = np.zeros(2, dtype=[("a", "<f4"), ("b", "<i2")])
+    for key in ("name", "rec"):
+        with pytest.raises(UsageError, match=f"odd.h5: '{key}' has dtype .* torch tensors cannot hold"):
+            H5Loader(H5DataConfig(files=[str(path)], keys=(key,), global_batch_size=1, num_workers=0))
