@@ -188,19 +188,22 @@ def loader_peak_rss(path: str, batch: int, workers: int, batches: int) -> int:
 
 
 def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int) -> tp.Dict[str, float]:
-    """Fraction of wall time a loop with a ``step_ms`` step spends blocked on data (epoch refills included)."""
+    """Fraction of wall time a loop with a ``step_ms`` step spends blocked on data (epoch ends included)."""
+
+    def forever(loader: H5Loader) -> tp.Iterator[tp.Any]:
+        while True:
+            yield from loader
+
     with H5Loader(loader_cfg(path, batch, workers), rank=0, world_size=1) as loader:
-        next(iter(loader))  # start-up excluded, as a training loop's first step is
+        it = forever(loader)
+        next(it)  # start-up excluded, as a training loop's first step is
         loader.metrics.reset()
-        t0, done = time.perf_counter(), 0
-        while done < steps:
-            for _ in loader:
-                time.sleep(step_ms / 1000)  # the "GPU" step: frees the CPU as an async CUDA step does
-                done += 1
-                if done >= steps:
-                    break
+        t0 = time.perf_counter()
+        for done in range(1, steps + 1):
+            next(it)
+            time.sleep(step_ms / 1000)  # the "GPU" step: frees the CPU as an async CUDA step does
         total = time.perf_counter() - t0
-        return {"data_wait_frac": loader.metrics.total_wait_s / total, "step_ms": step_ms, "steps": done,
+        return {"data_wait_frac": loader.metrics.total_wait_s / total, "step_ms": step_ms, "steps": steps,
                 "mean_queue_depth": loader.metrics.summary()["mean_queue_depth"]}
 
 

@@ -37,6 +37,23 @@ _TASK_WINDOWS = 4.0  # a task spans this many shuffle windows per partition: rea
 _SLOT_BUDGET = 512 << 20  # at most this much shared memory for ready/in-flight batches per rank
 
 
+class _Pipe:
+    """Prefetch state that outlives one ``for`` loop, so the next epoch's first tasks are read while the
+    current epoch ends. Tasks are (task_id, slots, epoch, first batch), in stream order."""
+
+    def __init__(self, nslots: int, epoch: int, first: int, plan: EpochPlan) -> None:
+        self.free = list(range(nslots))
+        self.tasks: tp.List[tp.Tuple[int, tp.List[int], int, int]] = []
+        self.task_id = 0
+        self.epoch, self.next_batch, self.plan = epoch, first, plan  # where the next submission starts
+
+    def at(self, epoch: int, batch: int) -> bool:
+        """Is the next batch this pipe will deliver (epoch, batch)?"""
+        if self.tasks:
+            return self.tasks[0][2:] == (epoch, batch)
+        return (self.epoch, self.next_batch) == (epoch, batch)
+
+
 def _default_rank_world() -> tp.Tuple[int, int]:
     import torch.distributed as dist
 
@@ -73,6 +90,7 @@ class H5Loader:
         self._closed = False
         self._active = 0  # generation of the live iterator; older ones stop
         self._pending: tp.Set[int] = set()  # task ids submitted and not yet collected
+        self._pipe: tp.Optional[_Pipe] = None
 
     # ---- topology, plan ------------------------------------------------------------------------
     def _check_topology(self) -> None:
@@ -161,6 +179,7 @@ class H5Loader:
         if consumed % c.global_batch_size:
             raise UsageError(f"data resume state: samples_consumed={consumed} is not a multiple of the global batch")
         self._stop_iteration()
+        self._reset_pipe()
         self.partitions = int(state["partitions"])
         self._check_topology()
         self.epoch, self.samples_consumed = int(state["epoch"]), consumed
@@ -171,6 +190,7 @@ class H5Loader:
         """Select the epoch to iterate. Same epoch as now: keep the position (so it is safe after a resume)."""
         if epoch != self.epoch:
             self._stop_iteration()
+            self._reset_pipe()
             self.epoch, self.samples_consumed = int(epoch), 0
 
     # ---- workers -------------------------------------------------------------------------------
@@ -190,6 +210,8 @@ class H5Loader:
                                     c.worker_timeout_s)
 
     def _shutdown_pool(self) -> None:
+        self._pipe, self._held = None, None
+        self._pending.clear()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -202,16 +224,21 @@ class H5Loader:
         return self._pool.alive_pids() if self._pool is not None else []
 
     def _stop_iteration(self) -> None:
-        """Abandon a live iterator: wait for its in-flight tasks (a few batches) and discard them."""
+        """Abandon a live iterator mid-epoch: its prefetched batches are discarded."""
         if self._active:
             self._active += 1
-            pending, self._pending = self._pending, set()
-            if self._pool is not None:
-                try:
-                    for tid in sorted(pending):
-                        self._pool.wait(tid)
-                except HpctrainError:
-                    self._shutdown_pool()  # a broken pool restarts lazily
+            self._reset_pipe()
+
+    def _reset_pipe(self) -> None:
+        """Wait for in-flight tasks (a few batches each), forget them, free every slot."""
+        pending, self._pending = self._pending, set()
+        self._pipe, self._held = None, None
+        if self._pool is not None:
+            try:
+                for tid in sorted(pending):
+                    self._pool.wait(tid)
+            except HpctrainError:
+                self._shutdown_pool()  # a broken pool restarts lazily
 
     # ---- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> tp.Iterator[tp.Dict[str, torch.Tensor]]:
@@ -224,65 +251,70 @@ class H5Loader:
         return self._run(self._active)
 
     def _run(self, gen: int) -> tp.Iterator[tp.Dict[str, torch.Tensor]]:
-        c, plan = self.config, self.plan()
+        c, epoch = self.config, self.epoch
         first = self.samples_consumed // c.global_batch_size
-        nb = plan.num_batches
         k = self._task_batches()
         self._ensure_pool(k)
         pool, arena = self._pool, self._arena
         assert pool is not None and arena is not None
-        free = list(range(arena.nslots))
-        self._held = None  # a new iterator: every slot is free again
-        tasks: tp.List[tp.Tuple[int, tp.List[int], int]] = []  # (task_id, slots, first batch)
-        next_batch, task_id = first, 0
+        if self._pipe is None or not self._pipe.at(epoch, first):
+            self._reset_pipe()
+            self._pipe = _Pipe(arena.nslots, epoch, first, self.plan(epoch))
+        pipe = self._pipe
         with_valid = c.tail == "exact"
         data_keys = self.layout.keys
         self.metrics.start()
 
         def submit_more() -> None:
-            nonlocal next_batch, task_id
-            while next_batch < nb and len(free) >= k and len(tasks) <= self._tasks_in_flight():
-                size = k if task_id else max(1, k // 4)  # a short first task: the first batch comes sooner
-                batches = np.arange(next_batch, min(nb, next_batch + size))
-                ids, valid = plan.slots(batches, self.rank, self.world_size)
-                slots = [free.pop() for _ in batches]
-                self._pending.add(task_id)
-                pool.submit(task_id, [(s, ids[i], valid[i] if with_valid else None) for i, s in enumerate(slots)])
-                tasks.append((task_id, slots, int(batches[0])))
-                next_batch += len(batches)
-                task_id += 1
+            while len(pipe.free) >= k and len(pipe.tasks) <= self._tasks_in_flight():
+                if pipe.next_batch >= pipe.plan.num_batches:  # read ahead into the next epoch
+                    pipe.epoch, pipe.next_batch = pipe.epoch + 1, 0
+                    pipe.plan = self.plan(pipe.epoch)
+                size = max(1, k >> max(0, 2 - pipe.task_id))  # ramp k/4, k/2, k: the first batch comes soon
+                batches = np.arange(pipe.next_batch, min(pipe.plan.num_batches, pipe.next_batch + size))
+                ids, valid = pipe.plan.slots(batches, self.rank, self.world_size)
+                slots = [pipe.free.pop() for _ in batches]
+                self._pending.add(pipe.task_id)
+                pool.submit(pipe.task_id, [(s, ids[i], valid[i] if with_valid else None)
+                                           for i, s in enumerate(slots)])
+                pipe.tasks.append((pipe.task_id, slots, pipe.epoch, int(batches[0])))
+                pipe.next_batch += len(batches)
+                pipe.task_id += 1
 
         submit_more()
-        while tasks and gen == self._active:
-            tid, slots, b0 = tasks[0]
+        nb = self.num_batches
+        while pipe.tasks and pipe.tasks[0][2] == epoch and gen == self._active:
+            tid, slots, _, b0 = pipe.tasks[0]
             for i, slot in enumerate(slots):
                 if self._held is not None:
-                    free.append(self._held)
+                    pipe.free.append(self._held)
                     self._held = None
                 t0 = time.perf_counter()
-                depth = sum(len(s) for t, s, _ in tasks[1:] if pool.ready(t))
+                depth = sum(len(t[1]) for t in pipe.tasks[1:] if pool.ready(t[0]))
                 depth += len(slots) - i if i > 0 or pool.ready(tid) else 0
                 if i == 0:
                     nbytes, secs = pool.wait(tid)
                     self._pending.discard(tid)
                     self.metrics.add_read(nbytes, secs)
-                submit_more()
                 batch = self._deliver(arena.views(slot), slot)
                 wait = time.perf_counter() - t0
                 views = arena.views(slot)
                 self.metrics.record(StepMetrics(b0 + i, wait, max(depth, 0), len(views["index"]),
                                                 sum(views[key].nbytes for key in data_keys)))
                 self.samples_consumed = (b0 + i + 1) * c.global_batch_size
+                if i == len(slots) - 1:
+                    pipe.tasks.pop(0)  # every batch of the head task handed out (the last one is held)
+                submit_more()
                 yield batch
                 if gen != self._active:
                     return
-            tasks.pop(0)
-            submit_more()
-        if gen == self._active and next_batch < nb:
-            raise HpctrainError(f"internal error: data pipeline stalled at batch {next_batch} of {nb}")
-        if gen == self._active:
-            self.epoch, self.samples_consumed = self.epoch + 1, 0
-            self._active = 0
+        if gen != self._active:
+            return
+        if self.samples_consumed < nb * c.global_batch_size:
+            raise HpctrainError(f"internal error: data pipeline stalled at batch "
+                                f"{self.samples_consumed // c.global_batch_size} of {nb}")
+        self.epoch, self.samples_consumed = self.epoch + 1, 0
+        self._active = 0
 
     def _deliver(self, views: tp.Dict[str, np.ndarray], slot: int) -> tp.Dict[str, torch.Tensor]:
         dev = self.device
@@ -322,7 +354,6 @@ class H5Loader:
         self._active += 1
         self._closed = True
         self._shutdown_pool()
-        self._held = None
 
     def __enter__(self) -> "H5Loader":
         return self

@@ -292,3 +292,18 @@ def test_string_and_compound_dtypes_are_refused(tmp_path):
     for key in ("name", "rec"):
         with pytest.raises(UsageError, match=f"odd.h5: '{key}' has dtype .* torch tensors cannot hold"):
             H5Loader(H5DataConfig(files=[str(path)], keys=(key,), global_batch_size=1, num_workers=0))
+
+
+def test_read_ahead_into_the_next_epoch_keeps_every_epoch_exact(files):
+    """The pipeline prefetches epoch e+1 while e ends; set_epoch elsewhere discards that read-ahead."""
+    f = files["multi"]
+    with H5Loader(cfg(f, num_workers=0), rank=0, world_size=1) as ref:
+        want = [epoch_ids(ref) for _ in range(3)]
+        ref.set_epoch(7)
+        want7 = epoch_ids(ref)
+    with H5Loader(cfg(f, num_workers=2, global_batch_size=40), rank=0, world_size=1) as x:
+        got = [epoch_ids(x) for _ in range(3)]
+        assert x._pipe is not None and x._pipe.tasks  # epoch 3 is already being read
+        x.set_epoch(7)
+        assert epoch_ids(x) == want7
+    assert got == want
