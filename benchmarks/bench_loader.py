@@ -187,16 +187,22 @@ def loader_peak_rss(path: str, batch: int, workers: int, batches: int) -> int:
     return peak[0]
 
 
-def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int) -> tp.Dict[str, float]:
+def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int, warmup: int = 25
+              ) -> tp.Dict[str, float]:
     """Fraction of wall time a loop with a ``step_ms`` step spends blocked on data (epoch ends included)."""
 
     def forever(loader: H5Loader) -> tp.Iterator[tp.Any]:
         while True:
             yield from loader
 
+    t_start = time.perf_counter()
     with H5Loader(loader_cfg(path, batch, workers), rank=0, world_size=1) as loader:
         it = forever(loader)
-        next(it)  # start-up excluded, as a training loop's first step is
+        next(it)
+        first_batch_s = time.perf_counter() - t_start
+        for _ in range(warmup):  # start-up and the ramp excluded: steady state, as in a long run
+            next(it)
+            time.sleep(step_ms / 1000)
         loader.metrics.reset()
         t0 = time.perf_counter()
         for done in range(1, steps + 1):
@@ -204,7 +210,8 @@ def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int) -
             time.sleep(step_ms / 1000)  # the "GPU" step: frees the CPU as an async CUDA step does
         total = time.perf_counter() - t0
         return {"data_wait_frac": loader.metrics.total_wait_s / total, "step_ms": step_ms, "steps": steps,
-                "mean_queue_depth": loader.metrics.summary()["mean_queue_depth"]}
+                "warmup_steps": warmup, "mean_queue_depth": loader.metrics.summary()["mean_queue_depth"],
+                "time_to_first_batch_s": first_batch_s}
 
 
 def mixing(path: str, batch: int) -> tp.Dict[str, float]:
