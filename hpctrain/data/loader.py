@@ -75,6 +75,9 @@ class H5Loader:
             raise UsageError(f"rank {rank} is not in [0, world_size={world_size})")
         self.config, self.rank, self.world_size = config, int(rank), int(world_size)
         self.device = torch.device(device) if device is not None else None
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"H5Loader(device={str(device)!r}) but CUDA is not available on this node; "
+                             f"pass device=None (CPU batches) or run on a GPU node")
         self.layout: Layout = scan(config.files, config.keys, config.block_bytes)
         self.partitions = config.partitions or self.world_size
         self.epoch = 0

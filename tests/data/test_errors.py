@@ -115,3 +115,12 @@ def test_state_format_checked(files):
         with pytest.raises(UsageError, match="format"):
             x.load_state_dict({"epoch": 0})
         x.load_state_dict({})  # empty = fresh start
+
+
+def test_cuda_device_without_cuda_is_a_clear_error(files):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA")
+    with pytest.raises(UsageError, match="CUDA is not available"):
+        H5Loader(H5DataConfig(files=files["gzip"], keys=("x",), global_batch_size=8), device="cuda")
