@@ -1,0 +1,317 @@
+"""HDF5 access: opening without file locking, validation with one-line errors, the block table, and the
+chunk-aware reader used inside each worker. numpy + h5py only (the login-node CLI imports this).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import typing as tp
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hpctrain._errors import UsageError
+
+_DIRECT_MIN_BYTES = 256  # smaller samples (labels) are cheaper through one staging read + gather
+
+__all__ = ["open_h5", "KeyInfo", "FileInfo", "Layout", "scan", "Reader"]
+
+
+def open_h5(path: str, rdcc_nbytes: tp.Optional[int] = None) -> tp.Any:
+    """Open read-only with HDF5 file locking off (flock fails on some Lustre/DVS mounts and costs MDS ops).
+
+    Raises a one-line :class:`UsageError` naming the file for a missing, non-HDF5 or truncated file.
+    """
+    import h5py
+
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file; check the path")
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a directory, not an HDF5 file")
+    if os.path.getsize(path) == 0 or not h5py.is_hdf5(path):
+        raise UsageError(f"{path}: not an HDF5 file (empty, truncated, or another format); regenerate or fix the path")
+    kwargs: tp.Dict[str, tp.Any] = {"locking": False}
+    if rdcc_nbytes is not None:
+        kwargs.update(rdcc_nbytes=rdcc_nbytes, rdcc_nslots=10007, rdcc_w0=1.0)
+    try:
+        return h5py.File(path, "r", **kwargs)
+    except OSError as exc:
+        why = " ".join(str(exc).split())
+        hint = "truncated (an interrupted copy?)" if "truncated" in why or "eof" in why.lower() else "unreadable"
+        raise UsageError(f"{path}: HDF5 file is {hint}: {why[:200]}") from None
+
+
+@dataclass
+class KeyInfo:
+    """One dataset of one file."""
+
+    dtype: str
+    sample_shape: tp.Tuple[int, ...]
+    length: int
+    chunk_rows: tp.Optional[int]
+    """Samples per HDF5 chunk along axis 0; None for contiguous storage."""
+    compression: tp.Optional[str]
+    offset: tp.Optional[int]
+    """Byte offset of a contiguous, unfiltered dataset (read with pread, bypassing libhdf5)."""
+    chunk_bytes: tp.Optional[int] = None
+
+    @property
+    def sample_bytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.sample_shape, dtype=np.int64)))
+
+
+@dataclass
+class FileInfo:
+    path: str
+    size: int
+    keys: tp.Dict[str, KeyInfo]
+
+    @property
+    def length(self) -> int:
+        return next(iter(self.keys.values())).length
+
+
+@dataclass
+class Layout:
+    """Everything the order and the readers need, picklable and small (O(files + blocks))."""
+
+    files: tp.List[FileInfo]
+    keys: tp.Tuple[str, ...]
+    file_starts: np.ndarray
+    block_starts: np.ndarray
+    fingerprint: str = field(default="")
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.file_starts[-1])
+
+    def sample_bytes(self) -> int:
+        return sum(self.files[0].keys[k].sample_bytes for k in self.keys)
+
+
+def key_info(path: str, f: tp.Any, key: str) -> KeyInfo:
+    import h5py
+
+    if key not in f:
+        have = sorted(n for n in f.keys())[:10]
+        raise UsageError(f"{path}: key {key!r} not found (top-level entries: {', '.join(have) or 'none'}); "
+                         f"fix H5DataConfig.keys")
+    ds = f[key]
+    if not isinstance(ds, h5py.Dataset):
+        raise UsageError(f"{path}: {key!r} is a group, not a dataset; name the dataset inside it")
+    if ds.ndim == 0:
+        raise UsageError(f"{path}: {key!r} is a scalar; datasets must be indexed by sample along axis 0")
+    if ds.dtype.hasobject or ds.dtype.kind in "OVSUM" or ds.dtype.fields is not None:
+        raise UsageError(f"{path}: {key!r} has dtype {ds.dtype} (variable-length, string, compound or opaque), which "
+                         f"torch tensors cannot hold; store numeric datasets (one per field)")
+    chunk_rows = ds.chunks[0] if ds.chunks else None
+    offset = None
+    if ds.chunks is None and not ds.compression and ds.dtype.isnative:
+        off = ds.id.get_offset()
+        offset = None if off is None else int(off)  # None: never written (all fill value)
+    chunk_bytes = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize if ds.chunks else None
+    native = ds.dtype.newbyteorder("=")  # big-endian files are converted by libhdf5 on read
+    return KeyInfo(native.str, tuple(int(s) for s in ds.shape[1:]), int(ds.shape[0]), chunk_rows,
+                   ds.compression, offset, chunk_bytes)
+
+
+def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 << 20) -> Layout:
+    """Open every file once, validate it, and build the block table. Errors name the file and the key."""
+    infos: tp.List[FileInfo] = []
+    for path in files:
+        with open_h5(path) as f:
+            kinfo = {k: key_info(path, f, k) for k in keys}
+        lengths = {k: ki.length for k, ki in kinfo.items()}
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
+            raise UsageError(f"{path}: datasets have different lengths along axis 0 ({detail}); "
+                             f"every key must hold one entry per sample")
+        if infos:
+            for k in keys:
+                a, b = infos[0].keys[k], kinfo[k]
+                if (a.dtype, a.sample_shape) != (b.dtype, b.sample_shape):
+                    raise UsageError(f"{path}: key {k!r} is {np.dtype(b.dtype).name}{list(b.sample_shape)} but "
+                                     f"{infos[0].path} has {np.dtype(a.dtype).name}{list(a.sample_shape)}; "
+                                     f"files must agree")
+        infos.append(FileInfo(path, os.path.getsize(path), kinfo))
+    counts = np.array([fi.length for fi in infos], dtype=np.int64)
+    if counts.sum() == 0:
+        raise UsageError(f"{files[0]}{' ...' if len(files) > 1 else ''}: zero samples in key {keys[0]!r}; "
+                         f"nothing to train on")
+    file_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    blocks = []
+    for fi, start in zip(infos, file_starts[:-1]):
+        ref = fi.keys[keys[0]]
+        rows = ref.chunk_rows or max(1, block_bytes // max(1, sum(fi.keys[k].sample_bytes for k in keys)))
+        blocks.append(start + np.arange(0, fi.length, rows, dtype=np.int64))
+    block_starts = np.concatenate(blocks + [file_starts[-1:]]).astype(np.int64)
+    layout = Layout(infos, tuple(keys), file_starts, block_starts)
+    layout.fingerprint = fingerprint(layout)
+    return layout
+
+
+def fingerprint(layout: Layout) -> str:
+    """Identity of the data as the order sees it: file names (not directories, so staging copies match),
+    sizes, per-key dtype/shape/length, and the block table."""
+    desc = [[os.path.basename(fi.path), fi.size,
+             {k: [ki.dtype, list(ki.sample_shape), ki.length] for k, ki in sorted(fi.keys.items())}]
+            for fi in layout.files]
+    h = hashlib.sha256(json.dumps(desc, sort_keys=True).encode())
+    h.update(layout.block_starts.tobytes())
+    return h.hexdigest()[:16]
+
+
+class Reader:
+    """Reads arbitrary sample ids by reading whole blocks (chunks / large ranges), once each, then gathering.
+
+    Opened lazily in the process that uses it; holds no handle when pickled.
+    """
+
+    def __init__(self, layout: Layout, rdcc_nbytes: int = 16 << 20) -> None:
+        self.layout, self.rdcc_nbytes = layout, rdcc_nbytes
+        self._h5: tp.Dict[int, tp.Any] = {}
+        self._fds: tp.Dict[int, int] = {}
+        self._staging: tp.Dict[str, np.ndarray] = {}
+        self._row_cache: tp.Dict[int, tp.List[memoryview]] = {}
+        self._scratch: tp.Optional[memoryview] = None
+        self.bytes_read = 0
+
+    def __getstate__(self) -> tp.Dict[str, tp.Any]:
+        return {"layout": self.layout, "rdcc_nbytes": self.rdcc_nbytes}
+
+    def __setstate__(self, state: tp.Dict[str, tp.Any]) -> None:
+        self.__init__(state["layout"], state["rdcc_nbytes"])  # type: ignore[misc]
+
+    def close(self) -> None:
+        for f in self._h5.values():
+            f.close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._h5.clear()
+        self._fds.clear()
+
+    def _file(self, i: int) -> tp.Any:
+        f = self._h5.get(i)
+        if f is None:
+            f = self._h5[i] = open_h5(self.layout.files[i].path, self.rdcc_nbytes)
+        return f
+
+    def _fd(self, i: int) -> int:
+        fd = self._fds.get(i)
+        if fd is None:
+            fd = self._fds[i] = os.open(self.layout.files[i].path, os.O_RDONLY)
+        return fd
+
+    def _buffer(self, key: str, rows: int) -> np.ndarray:
+        ki = self.layout.files[0].keys[key]
+        buf = self._staging.get(key)
+        if buf is None or buf.shape[0] < rows:
+            buf = self._staging[key] = np.empty((max(rows, 1),) + ki.sample_shape, dtype=ki.dtype)
+        return buf
+
+    def _read_run(self, key: str, fidx: int, a: int, b: int, dest: np.ndarray) -> None:
+        """Rows [a, b) of file fidx into dest (C-contiguous, b - a rows)."""
+        fi = self.layout.files[fidx]
+        ki = fi.keys[key]
+        if ki.offset is not None:
+            view = memoryview(dest.reshape(-1).view(np.uint8))
+            pos, off = 0, ki.offset + a * ki.sample_bytes
+            while pos < len(view):
+                n = os.preadv(self._fd(fidx), [view[pos:]], off + pos)
+                if n <= 0:
+                    raise UsageError(f"{fi.path}: key {key!r}: file ends before the data does (truncated?)")
+                pos += n
+        elif b > a:
+            try:
+                self._file(fidx)[key].read_direct(dest, np.s_[a:b], np.s_[0:b - a])
+            except OSError as exc:
+                why = " ".join(str(exc).split())[:200]
+                raise UsageError(f"{fi.path}: key {key!r}: read of samples {a}..{b} failed "
+                                 f"(corrupt or truncated file?): {why}") from None
+        self.bytes_read += (b - a) * ki.sample_bytes
+
+    def read(self, ids: tp.Sequence[np.ndarray], outs: tp.Sequence[tp.Dict[str, np.ndarray]]) -> None:
+        """For each batch i: ``outs[i][key][j] = sample ids[i][j]``. Each needed block (a whole chunk or a
+        large contiguous range) is read once, merged with its neighbours, then samples are gathered."""
+        lay = self.layout
+        sizes = [int(np.size(a)) for a in ids]
+        flat = np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1) for a in ids])
+        blk = np.unique(np.searchsorted(lay.block_starts, flat, side="right") - 1)
+        starts, stops = lay.block_starts[blk], lay.block_starts[blk + 1]
+        # merge adjacent blocks of the same file into one read
+        fstart = np.searchsorted(lay.file_starts, starts, side="right") - 1
+        brk = np.ones(len(blk), dtype=bool)
+        brk[1:] = (starts[1:] != stops[:-1]) | (fstart[1:] != fstart[:-1])
+        idx = np.flatnonzero(brk)
+        run_a, run_f = starts[idx], fstart[idx]
+        run_b = np.append(stops[idx[1:] - 1], stops[-1]) if len(idx) else idx
+        run_dest = np.concatenate([[0], np.cumsum(run_b - run_a)]).astype(np.int64)
+        r = np.searchsorted(run_a, flat, side="right") - 1
+        rows = run_dest[r] + (flat - run_a[r])
+        total = int(run_dest[-1])
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        for key in lay.keys:
+            if all(fi.keys[key].offset is not None for fi in lay.files) and \
+                    lay.files[0].keys[key].sample_bytes >= _DIRECT_MIN_BYTES:
+                self._read_direct(key, flat, sizes, outs)
+                continue
+            buf = self._buffer(key, total)
+            for a, b, f, d in zip(run_a, run_b, run_f, run_dest[:-1]):
+                base = lay.file_starts[f]
+                self._read_run(key, int(f), int(a - base), int(b - base), buf[d:d + (b - a)])
+            for i, out in enumerate(outs):
+                dest = out[key].reshape((sizes[i],) + buf.shape[1:])
+                np.take(buf, rows[bounds[i]:bounds[i + 1]], axis=0, out=dest)
+
+    def _rows(self, arr: np.ndarray) -> tp.List[memoryview]:
+        """Byte views of each row of a (persistent) output array, cached."""
+        views = self._row_cache.get(id(arr))
+        if views is None or len(views) != len(arr):
+            flat = memoryview(arr.reshape(len(arr), -1).view(np.uint8)).cast("B")
+            step = arr[0].nbytes if len(arr) else 0
+            views = self._row_cache[id(arr)] = [flat[i * step:(i + 1) * step] for i in range(len(arr))]
+        return views
+
+    def _read_direct(self, key: str, flat: np.ndarray, sizes: tp.Sequence[int],
+                     outs: tp.Sequence[tp.Dict[str, np.ndarray]]) -> None:
+        """Contiguous, unfiltered data: one ``preadv`` per block straight into the output rows (one copy,
+        no staging, no libhdf5 lock); rows of the block that no batch needs land in a scratch row."""
+        lay = self.layout
+        dest: tp.List[memoryview] = []
+        for i, out in enumerate(outs):
+            dest.extend(self._rows(out[key])[:sizes[i]])
+        sb = lay.files[0].keys[key].sample_bytes
+        if self._scratch is None or len(self._scratch) < sb:
+            self._scratch = memoryview(bytearray(sb))
+        scratch = self._scratch[:sb]
+        order = np.argsort(flat, kind="stable")
+        sids = flat[order]
+        first = np.ones(len(sids), dtype=bool)
+        first[1:] = sids[1:] != sids[:-1]
+        blk = np.searchsorted(lay.block_starts, sids, side="right") - 1
+        cut = np.flatnonzero(np.diff(blk)) + 1
+        for grp in np.split(np.arange(len(sids)), cut):
+            grp = grp[first[grp]]
+            b = int(blk[grp[0]])
+            a0, b0 = int(lay.block_starts[b]), int(lay.block_starts[b + 1])
+            fidx = int(np.searchsorted(lay.file_starts, a0, side="right") - 1)
+            base = int(lay.file_starts[fidx])
+            need = np.full(b0 - a0, -1, dtype=np.int64)
+            need[sids[grp] - a0] = order[grp]
+            iov = [dest[p] if p >= 0 else scratch for p in need.tolist()]
+            off = lay.files[fidx].keys[key].offset + (a0 - base) * sb  # type: ignore[operator]
+            step = max(1, min(1024, (64 << 20) // sb))
+            for j in range(0, len(iov), step):
+                part = iov[j:j + step]
+                want = len(part) * sb
+                if os.preadv(self._fd(fidx), part, off + j * sb) != want:
+                    raise UsageError(f"{lay.files[fidx].path}: key {key!r}: file ends before the data does "
+                                     f"(truncated?)")
+            self.bytes_read += (b0 - a0) * sb
+        dups = np.flatnonzero(~first)
+        if len(dups):  # padding repeats a sample: copy from its first occurrence
+            src = np.flatnonzero(first)[np.searchsorted(np.flatnonzero(first), dups, side="right") - 1]
+            for d, s_ in zip(order[dups].tolist(), order[src].tolist()):
+                dest[d][:] = dest[s_]
