@@ -1,0 +1,270 @@
+"""The two-phase commit: every rank writes + fsyncs its shard, all agree, then rank 0 publishes.
+
+Protocol for one save (``commit_save``), on the checkpointer's own gloo group:
+
+0. rank 0 checks free space and creates ``step-N.tmp-<job>-<restart>-<nonce>``; gather #1 shares the
+   name and each rank's tensor layout hash (all ranks must hold the same replicated state).
+1. every rank writes its shard, flushes, fsyncs, and computes its crc32 (overlapped with the fsync).
+2. gather #2: each rank's ok/error + size + crc32. Any failure: nobody commits, rank 0 removes the
+   tmp dir, every rank raises the same error.
+3. rank 0 writes ``MANIFEST.json`` (tmp + fsync + rename), renames the dir to ``step-N``, fsyncs the
+   parent, replaces ``LATEST`` atomically. Gather #3 tells every rank that the commit happened.
+
+Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise]``, comma separated; SIGKILL by default):
+``start``, ``before_write``, ``after_write`` (written, not fsynced), ``after_fsync`` (before the
+agreement), ``after_agree``, ``after_manifest``, ``after_rename`` (before LATEST), ``after_latest``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import typing as tp
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hpctrain._atomic import atomic_write_json, atomic_write_text, fsync_dir
+from hpctrain._errors import HpctrainError
+from hpctrain.ckpt._format import FORMAT_VERSION, LATEST, MANIFEST, encode_header, shard_name, step_name, tmp_name
+
+__all__ = ["Comm", "fault", "FAULT_POINTS", "ShardPlan", "commit_save", "write_shard"]
+
+log = logging.getLogger("hpctrain.ckpt")
+
+FAULT_POINTS = (
+    "start", "before_write", "after_write", "after_fsync", "after_agree", "after_manifest", "after_rename",
+    "after_latest",
+)
+FAULT_ENV = "HPCTRAIN_CKPT_FAULT"
+
+
+def fault(point: str, rank: int) -> None:
+    """Test seam: die (SIGKILL) or raise at a named protocol point when ``HPCTRAIN_CKPT_FAULT`` says so."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    for item in spec.split(","):
+        parts = item.strip().split(":")
+        if parts[0] != point or (len(parts) > 1 and parts[1] not in ("", "*", str(rank))):
+            continue
+        if len(parts) > 2 and parts[2] == "raise":
+            raise OSError(f"injected fault at {point}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Comm:
+    """Control-plane collectives on a dedicated gloo group (never the training/NCCL group).
+
+    Without an initialised default group it is a world of one and every collective is local.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        import torch.distributed as dist
+
+        self.timeout_s = timeout_s
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            self.rank, self.world, self.group = 0, 1, None
+
+    def all_gather(self, obj: tp.Any) -> tp.List[tp.Any]:
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: tp.List[tp.Any] = [None] * self.world
+        try:
+            dist.all_gather_object(out, obj, group=self.group)
+        except Exception as exc:  # noqa: BLE001 - a peer died or timed out
+            raise HpctrainError(
+                f"checkpoint agreement failed (a rank died or exceeded agreement_timeout_s={self.timeout_s:g}): "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from exc
+        return out
+
+
+@dataclass
+class ShardPlan:
+    """What one rank writes: ``chunks`` are byte buffers written in order (header first)."""
+
+    header: bytes
+    chunks: tp.List[tp.Tuple[int, memoryview]]  # (offset from data start, bytes)
+    data_bytes: int
+    layout: str
+    total_bytes: int  # all ranks together (for the free-space check)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        n = os.write(fd, view[: 1 << 30])
+        view = view[n:]
+
+
+def write_shard(path: Path, plan: ShardPlan, rank: int) -> tp.Tuple[int, int]:
+    """Write header + data, fsync (in a thread) while computing crc32; return (size, crc32)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        crc_parts: tp.List[memoryview] = [memoryview(plan.header)]
+        _write_all(fd, memoryview(plan.header))
+        pos = 0
+        pending = bytearray()
+        for off, view in plan.chunks:
+            if off > pos:
+                pad = bytes(off - pos)
+                crc_parts.append(memoryview(pad))
+                pending += pad
+            crc_parts.append(view)
+            if view.nbytes < (256 << 10):  # coalesce small tensors into one write
+                pending += view
+            else:
+                if pending:
+                    _write_all(fd, memoryview(pending))
+                    pending = bytearray()
+                _write_all(fd, view)
+            pos = off + view.nbytes
+        if pending:
+            _write_all(fd, memoryview(pending))
+        fault("after_write", rank)
+        err: tp.List[BaseException] = []
+
+        def _sync() -> None:
+            try:
+                os.fsync(fd)
+            except BaseException as exc:  # noqa: BLE001
+                err.append(exc)
+
+        syncer = threading.Thread(target=_sync, name="hpctrain-ckpt-fsync")
+        syncer.start()
+        crc = 0
+        for part in crc_parts:
+            crc = zlib.crc32(part, crc)
+        syncer.join()
+        if err:
+            raise err[0]
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    return size, crc
+
+
+def _job_tag() -> str:
+    job = os.environ.get("SLURM_JOB_ID", "local")
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return f"j{job}-r{restart}-{uuid.uuid4().hex[:10]}"
+
+
+def _stripe(path: Path, spec: tp.Sequence[str]) -> None:
+    if not spec or shutil.which("lfs") is None:
+        return
+    try:
+        subprocess.run(["lfs", "setstripe", *spec, str(path)], check=True, capture_output=True, timeout=60)
+    except (subprocess.SubprocessError, OSError) as exc:
+        log.warning("hpctrain.ckpt: lfs setstripe %s failed (continuing unstriped): %s", " ".join(spec), exc)
+
+
+def _space_error(root: Path, need: int, margin: float) -> str:
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    if free < need * margin:
+        return (f"not enough free space in {root}: the checkpoint needs {need / 2**20:.1f} MiB "
+                f"(x{margin:g} margin), {free / 2**20:.1f} MiB free; free space or lower keep_last")
+    return ""
+
+
+def commit_save(
+    comm: Comm, root: Path, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any], *,
+    stripe: tp.Sequence[str] = (), check_free_space: bool = True, space_margin: float = 1.05,
+    aborted: tp.Callable[[], bool] = lambda: False,
+) -> Path:
+    """Run the whole protocol for this rank; return the committed directory or raise HpctrainError."""
+    rank, world = comm.rank, comm.world
+    fault("start", rank)
+    # -- phase 0: one tmp dir, created by rank 0; same layout everywhere
+    tmp_dir, err = "", ""
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            if check_free_space:
+                err = _space_error(root, plan.total_bytes, space_margin)
+            if not err:
+                tmp_dir = tmp_name(step, _job_tag())
+                (root / tmp_dir).mkdir()
+                _stripe(root / tmp_dir, stripe)
+        except OSError as exc:
+            err = f"cannot create a checkpoint directory in {root}: {exc}"
+    hello = comm.all_gather((tmp_dir, err, plan.layout))
+    tmp_dir, err = hello[0][0], hello[0][1]
+    if err:
+        raise HpctrainError(f"checkpoint step {step} not written: {err}")
+    layouts = {h[2] for h in hello}
+    if len(layouts) > 1:
+        if rank == 0:
+            shutil.rmtree(root / tmp_dir, ignore_errors=True)
+        raise HpctrainError(
+            f"checkpoint step {step} not written: ranks hold differently shaped model/optimizer state; "
+            "every rank must pass the same replicated state (DDP) to save()"
+        )
+    tmp = root / tmp_dir
+    # -- phase 1: write + fsync this rank's shard
+    name = shard_name(rank, world)
+    record: tp.Tuple[bool, str, tp.Dict[str, tp.Any]]
+    try:
+        fault("before_write", rank)
+        if aborted():
+            raise OSError("save abandoned")
+        size, crc = write_shard(tmp / name, plan, rank)
+        fault("after_fsync", rank)
+        record = (True, "", {"file": name, "rank": rank, "bytes": size, "crc32": crc})
+    except OSError as exc:
+        hint = " (disk full)" if getattr(exc, "errno", None) == 28 else ""
+        record = (False, f"rank {rank} could not write {name}: {exc.strerror or exc}{hint}", {})
+    # -- phase 2: agreement
+    results = comm.all_gather(record)
+    failed = [r[1] for r in results if not r[0]]
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise HpctrainError(f"checkpoint step {step} not committed (earlier checkpoints are intact): {failed[0]}")
+    fault("after_agree", rank)
+    # -- phase 3: rank 0 publishes
+    final = root / step_name(step)
+    commit_err = ""
+    if rank == 0 and aborted():
+        commit_err = "save abandoned"
+    elif rank == 0:
+        try:
+            manifest = {
+                "format": "hpctrain-ckpt", "format_version": FORMAT_VERSION, "step": step, "world_size": world,
+                "shards": [r[2] for r in results], "torch": torch.__version__, **manifest_extra,
+            }
+            atomic_write_json(tmp / MANIFEST, manifest)
+            fault("after_manifest", rank)
+            if final.exists():  # a re-save of a step: move the old one aside, never write into it
+                os.rename(final, root / f"{step_name(step)}.deleting-replaced-{uuid.uuid4().hex[:8]}")
+            os.rename(tmp, final)
+            fsync_dir(root)
+            fault("after_rename", rank)
+        except OSError as exc:
+            commit_err = f"rank 0 could not publish step {step}: {exc}"
+        if not commit_err:
+            try:  # LATEST is a hint for humans and tools; restore scans, so a failure here is not fatal
+                atomic_write_text(root / LATEST, step_name(step) + "\n")
+            except OSError as exc:
+                log.warning("hpctrain.ckpt: step %d committed but LATEST not updated: %s", step, exc)
+            fault("after_latest", rank)
+    done = comm.all_gather(commit_err)
+    if done[0] and rank == 0 and not final.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+    if done[0]:
+        raise HpctrainError(f"checkpoint step {step} not committed: {done[0]}")
+    return final

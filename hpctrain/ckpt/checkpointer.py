@@ -1,0 +1,357 @@
+"""``Checkpointer``: save (sync or async), verified restore with fallback, retention."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import typing as tp
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hpctrain._errors import HpctrainError, UsageError
+from hpctrain.ckpt._async import Stager, Writer
+from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
+from hpctrain.ckpt._format import (
+    FormatError, encode_header, parse_header_bytes, quarantine_name, read_manifest, step_name,
+)
+from hpctrain.ckpt._scan import Deleter, plan_retention, scan
+from hpctrain.ckpt._state import (
+    DTYPES, Piece, capture_rng, flatten, layout_hash, piece_view, plan_offsets, restore_rng, split_replicated,
+    tensor_bytes, unflatten,
+)
+
+__all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
+
+log = logging.getLogger("hpctrain.ckpt")
+
+_STATE_NAMES = ("model", "optimizer", "scheduler", "scaler")
+
+
+@dataclass(kw_only=True, frozen=True)
+class CheckpointConfig:
+    dir: tp.Union[str, os.PathLike]
+    """Directory holding one sub-directory per committed step (on the shared filesystem)."""
+    keep_last: int = 3
+    """Keep the newest K committed checkpoints (0 = keep all). Incomplete ones never count."""
+    keep_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of N (0 = off)."""
+    verify_checksums: bool = True
+    """On restore, check the crc32 of every shard (each rank checks 1/world of them). Sizes are always checked."""
+    agreement_timeout_s: float = 600.0
+    """Timeout of the control collectives (gloo) of the commit protocol and restore."""
+    lustre_stripe: tp.Tuple[str, ...] = ()
+    """Arguments for ``lfs setstripe`` on each new checkpoint dir, e.g. ``("-c", "-1", "-S", "16M")``; () = off.
+    Ignored where ``lfs`` is not installed."""
+    check_free_space: bool = True
+    """Fail before writing when the filesystem lacks room for the checkpoint."""
+    free_space_margin: float = 1.05
+    """Required free space as a multiple of the checkpoint size."""
+    clean_abandoned: bool = True
+    """At startup, delete temporary directories of earlier interrupted saves (in the background, rank 0)."""
+
+    def __post_init__(self) -> None:
+        if not str(self.dir):
+            raise UsageError("CheckpointConfig.dir must be a directory path")
+        if self.keep_last < 0:
+            raise UsageError(f"CheckpointConfig.keep_last must be >= 0 (0 keeps all), got {self.keep_last}")
+        if self.keep_every < 0:
+            raise UsageError(f"CheckpointConfig.keep_every must be >= 0 (0 = off), got {self.keep_every}")
+        if not self.agreement_timeout_s > 0:
+            raise UsageError(f"CheckpointConfig.agreement_timeout_s must be > 0, got {self.agreement_timeout_s}")
+        if self.free_space_margin < 1.0:
+            raise UsageError(f"CheckpointConfig.free_space_margin must be >= 1.0, got {self.free_space_margin}")
+        if isinstance(self.lustre_stripe, str) or not all(isinstance(a, str) for a in self.lustre_stripe):
+            raise UsageError("CheckpointConfig.lustre_stripe must be a tuple of lfs setstripe arguments, e.g. ('-c', '-1')")
+
+
+@dataclass
+class RestoreResult:
+    step: int
+    path: Path
+    data_state: tp.Any
+    """The data layer's JSON state as saved (the same on every rank, whatever the world size)."""
+    extra: tp.Any
+    saved_world_size: int
+    world_size: int
+    run_id: str
+    rng_restored: bool
+    """False when this rank had no counterpart in the saved world (rank >= saved world size)."""
+    quarantined: tp.List[int] = field(default_factory=list)
+    """Newer steps that failed verification and were set aside before this one loaded."""
+
+
+class Checkpointer:
+    """Per-rank sharded checkpoints with a two-phase commit; call every method on every rank."""
+
+    def __init__(self, config: CheckpointConfig, *, run_id: str = "") -> None:
+        self.config = config
+        self.run_id = run_id
+        self.root = Path(config.dir)
+        self._comm = Comm(config.agreement_timeout_s)
+        self.rank, self.world_size = self._comm.rank, self._comm.world
+        self._writer: tp.Optional[Writer] = None
+        self._stager = Stager()
+        self._abort = threading.Event()
+        self._deleter = Deleter() if self.rank == 0 else None
+        if self._deleter is not None and config.clean_abandoned:
+            for e in scan(self.root, read_manifests=False):
+                if e.status in ("abandoned", "deleting"):
+                    self._deleter.submit(e.path)
+
+    # ------------------------------------------------------------------ save
+    def save(
+        self, step: int, *, model: tp.Any = None, optimizer: tp.Any = None, scheduler: tp.Any = None,
+        scaler: tp.Any = None, data_state: tp.Any = None, extra: tp.Any = None, blocking: bool = True,
+    ) -> tp.Optional[Path]:
+        """Checkpoint ``step``. Blocking: returns the committed dir. Non-blocking: returns None once the
+        state is staged in host memory; the commit happens in the background (see :meth:`wait`)."""
+        if not isinstance(step, int) or step < 0:
+            raise UsageError(f"save(step=...) must be a non-negative int, got {step!r}")
+        self.wait()  # at most one save in flight; a previous writer error surfaces here
+        try:
+            json.dumps(data_state, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"save(data_state=...) must be JSON-serialisable: {exc}") from None
+        states = {n: o.state_dict() for n, o in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)) if o is not None}
+        if extra is not None:
+            states["extra"] = extra
+        tensors: tp.Dict[str, torch.Tensor] = {}
+        trees = {name: flatten(state, name, tensors) for name, state in states.items()}
+        pieces = split_replicated(tensors, self.rank, self.world_size)
+        local: tp.Dict[str, torch.Tensor] = {}
+        local_tree = {"rng": flatten(capture_rng(), "local/rng", local)}
+        pieces += [Piece(k, t, 0, t.numel()) for k, t in local.items()]
+        entries, data_size = plan_offsets(pieces)
+        header: tp.Dict[str, tp.Any] = {
+            "rank": self.rank, "world_size": self.world_size, "step": step, "entries": entries, "local": local_tree,
+        }
+        if self.rank == 0:
+            header["trees"] = trees
+        header_bytes = encode_header(header)
+        total = sum(tensor_bytes(t) for t in tensors.values()) + self.world_size * (
+            len(header_bytes) + sum(tensor_bytes(t) for t in local.values()) + 64 * len(entries))
+        if blocking:
+            chunks = [(e["offset"], _bytes_view(piece_view(p))) for p, e in zip(pieces, entries)]
+        else:
+            chunks = self._stager.stage(pieces, entries, data_size)
+        plan = ShardPlan(header_bytes, chunks, data_size, layout_hash(tensors), total)
+        manifest_extra = {
+            "run_id": self.run_id, "data_state": data_state, "time": time.time(), "entries": sorted(trees),
+            "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        }
+        if blocking:
+            return self._commit(step, plan, manifest_extra)
+        if self._writer is None:
+            self._writer = Writer()
+        self._abort.clear()
+        self._writer.submit(lambda: self._commit(step, plan, manifest_extra))
+        return None
+
+    def _commit(self, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any]) -> Path:
+        cfg = self.config
+        final = commit_save(
+            self._comm, self.root, step, plan, manifest_extra, stripe=cfg.lustre_stripe,
+            check_free_space=cfg.check_free_space, space_margin=cfg.free_space_margin, aborted=self._abort.is_set,
+        )
+        if self._deleter is not None:
+            for e in plan_retention(scan(self.root), cfg.keep_last, cfg.keep_every):
+                self._deleter.submit(e.path)
+        return final
+
+    @property
+    def in_flight(self) -> bool:
+        return self._writer is not None and self._writer.busy
+
+    def wait(self) -> tp.Optional[Path]:
+        """Finish the in-flight async save (if any); return its committed dir or raise its error."""
+        if self._writer is None:
+            return None
+        return tp.cast(tp.Optional[Path], self._writer.wait())
+
+    def abandon(self) -> bool:
+        """Drop the in-flight async save uncommitted (preemption path); True if one was dropped.
+
+        Every rank must call it. A save already past the agreement may still commit (then False).
+        """
+        if self._writer is None or not self._writer.busy:
+            return False
+        self._abort.set()
+        try:
+            self._writer.wait()
+            return False
+        except HpctrainError as exc:
+            log.warning("hpctrain.ckpt: in-flight save abandoned: %s", exc)
+            return True
+        finally:
+            self._abort.clear()
+
+    def close(self) -> None:
+        """Finish the in-flight save (raising its error), stop the background threads."""
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            if self._deleter is not None:
+                self._deleter.join()
+            self._stager.release()
+
+    def join_gc(self) -> None:
+        """Wait for background deletions queued so far (tests, end of job)."""
+        if self._deleter is not None:
+            self._deleter.join()
+
+    # --------------------------------------------------------------- restore
+    def restore(
+        self, *, model: tp.Any = None, optimizer: tp.Any = None, scheduler: tp.Any = None, scaler: tp.Any = None,
+        step: tp.Optional[int] = None, map_location: tp.Union[str, torch.device] = "cpu", strict: bool = True,
+        restore_rng: bool = True,
+    ) -> tp.Optional[RestoreResult]:
+        """Load the newest committed step that every rank sees and that verifies; None when there is none.
+
+        A step that fails verification is quarantined (renamed, kept) on all ranks together and the
+        previous committed step is tried. ``step=`` loads exactly that step (no fallback).
+        """
+        self.wait()
+        mine = sorted((e.step for e in scan(self.root) if e.status == "committed"), reverse=True)
+        seen = self._comm.all_gather(mine)
+        common = sorted(set(seen[0]).intersection(*map(set, seen[1:])), reverse=True)
+        if step is not None:
+            if step not in common:
+                raise HpctrainError(
+                    f"step {step} is not a committed checkpoint in {self.root} on every rank; committed: {common[:10]}")
+            common = [step]
+        quarantined: tp.List[int] = []
+        for s in common:
+            path = self.root / step_name(s)
+            try:
+                loaded, err = self._load(path), ""
+            except (FormatError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+                loaded, err = None, f"rank {self.rank}: {exc}"
+            errors = [e for e in self._comm.all_gather(err) if e]
+            if not errors:
+                assert loaded is not None
+                return self._apply(s, path, loaded, quarantined, model, optimizer, scheduler, scaler,
+                                   map_location, strict, restore_rng)
+            log.error("hpctrain.ckpt: CHECKPOINT STEP %d IS CORRUPT, quarantining it and falling back: %s", s, errors[0])
+            if self.rank == 0:
+                stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+                try:
+                    os.rename(path, self.root / quarantine_name(s, stamp))
+                except OSError as exc:
+                    log.error("hpctrain.ckpt: could not quarantine %s: %s", path, exc)
+            quarantined.append(s)
+            if step is not None:
+                raise HpctrainError(f"checkpoint step {s} failed verification and was quarantined: {errors[0]}")
+        self._comm.all_gather(None)  # everyone is past the quarantine renames
+        if quarantined:
+            log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)
+        return None
+
+    def _load(self, path: Path) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, torch.Tensor], tp.Any, tp.Dict[str, tp.Any]]:
+        manifest = read_manifest(path)
+        shards = manifest["shards"]
+        for s in shards:  # sizes first: cheap, catches truncation and missing files before any big read
+            size = (path / s["file"]).stat().st_size
+            if size != s["bytes"]:
+                raise FormatError(f"{path.name}/{s['file']}: size {size} != {s['bytes']} in the manifest (truncated?)")
+        pieces: tp.Dict[str, tp.List[tp.Tuple[int, int, torch.Tensor, tp.Dict[str, tp.Any]]]] = {}
+        trees: tp.Any = None
+        local_tree: tp.Any = None
+        for i, s in enumerate(shards):
+            buf = torch.empty(s["bytes"], dtype=torch.uint8)
+            arr = buf.numpy()
+            with open(path / s["file"], "rb", buffering=0) as f:
+                view, got = memoryview(arr), 0
+                while got < s["bytes"]:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise FormatError(f"{path.name}/{s['file']}: truncated while reading")
+                    got += n
+            if self.config.verify_checksums and i % self.world_size == self.rank:
+                if zlib.crc32(arr) != s["crc32"]:
+                    raise FormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
+            hdr = parse_header_bytes(f"{path.name}/{s['file']}", arr)
+            if i == 0:
+                trees = hdr.header.get("trees")
+            if i == self.rank:
+                local_tree = hdr.header.get("local")
+            for e in hdr.header["entries"]:
+                a = hdr.data_start + e["offset"]
+                src = buf[a: a + e["nbytes"]].view(DTYPES[e["dtype"]])
+                pieces.setdefault(e["key"], []).append((e["start"], e["stop"], src, e))
+        if not isinstance(trees, dict):
+            raise FormatError(f"{path.name}: shard 0 holds no state tree")
+        tensors = {k: _assemble(path.name, k, ps) for k, ps in pieces.items()}
+        return trees, tensors, local_tree, manifest
+
+    def _apply(self, s: int, path: Path, loaded: tp.Any, quarantined: tp.List[int], model: tp.Any, optimizer: tp.Any,
+               scheduler: tp.Any, scaler: tp.Any, map_location: tp.Any, strict: bool, rng: bool) -> RestoreResult:
+        trees, tensors, local_tree, manifest = loaded
+        for name, obj in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)):
+            if obj is None:
+                continue
+            if name not in trees:
+                raise HpctrainError(f"checkpoint step {s} holds no {name} state (it has: {', '.join(sorted(trees))})")
+            state = unflatten(trees[name], tensors)
+            try:
+                obj.load_state_dict(state, strict=strict) if name == "model" else obj.load_state_dict(state)
+            except (RuntimeError, ValueError, KeyError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise HpctrainError(f"checkpoint step {s} does not fit the {name} passed to restore(): {first}") from exc
+        extra = None
+        if "extra" in trees:
+            extra = unflatten(trees["extra"], {k: v.to(map_location) for k, v in tensors.items() if k.startswith("extra")})
+        rng_restored = False
+        if rng and local_tree is not None and "rng" in local_tree:
+            skipped = restore_rng(unflatten(local_tree["rng"], tensors))
+            rng_restored = True
+            for what in skipped:
+                log.warning("hpctrain.ckpt: RNG state not restored: %s", what)
+        elif rng:
+            log.warning("hpctrain.ckpt: rank %d has no saved RNG state (saved with %d ranks); RNG left as is",
+                        self.rank, manifest["world_size"])
+        self._comm.all_gather(None)  # quarantine renames (rank 0) are done before anyone returns
+        return RestoreResult(
+            step=s, path=path, data_state=manifest.get("data_state"), extra=extra,
+            saved_world_size=manifest["world_size"], world_size=self.world_size, run_id=manifest.get("run_id", ""),
+            rng_restored=rng_restored, quarantined=quarantined,
+        )
+
+
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype != torch.uint8:
+        t = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    return memoryview(t.numpy())
+
+
+def _assemble(where: str, key: str, ps: tp.List[tp.Tuple[int, int, torch.Tensor, tp.Dict[str, tp.Any]]]) -> torch.Tensor:
+    ps.sort(key=lambda p: p[0])
+    e0 = ps[0][3]
+    shape = [int(d) for d in e0["shape"]]
+    numel = 1
+    for d in shape:
+        numel *= d
+    pos = 0
+    for start, stop, _, e in ps:
+        if start != pos or e["dtype"] != e0["dtype"] or e["shape"] != e0["shape"]:
+            raise FormatError(f"{where}: the stored pieces of tensor {key!r} do not fit together")
+        pos = stop
+    if pos != numel:
+        raise FormatError(f"{where}: tensor {key!r} is incomplete ({pos} of {numel} elements stored)")
+    if len(ps) == 1:
+        return ps[0][2].view(shape)
+    out = torch.empty(numel, dtype=DTYPES[e0["dtype"]])
+    for start, stop, src, _ in ps:
+        out[start:stop].copy_(src)
+    return out.view(shape)
