@@ -285,6 +285,8 @@ class Checkpointer:
             if i == self.rank:
                 local_tree = hdr.header.get("local")
             for e in hdr.header["entries"]:
+                if e["key"].startswith("local/") and i != self.rank:
+                    continue  # another rank's RNG state
                 a = hdr.data_start + e["offset"]
                 src = buf[a: a + e["nbytes"]].view(DTYPES[e["dtype"]])
                 pieces.setdefault(e["key"], []).append((e["start"], e["stop"], src, e))
