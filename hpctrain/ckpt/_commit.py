@@ -10,7 +10,7 @@ Protocol for one save (``commit_save``), on the checkpointer's own gloo group:
 3. rank 0 writes ``MANIFEST.json`` (tmp + fsync + rename), renames the dir to ``step-N``, fsyncs the
    parent, replaces ``LATEST`` atomically. Gather #3 tells every rank that the commit happened.
 
-Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise]``, comma separated; SIGKILL by default):
+Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:sleepSECONDS]``, comma separated; SIGKILL by default):
 ``start``, ``before_write``, ``after_write`` (written, not fsynced), ``after_fsync`` (before the
 agreement), ``after_agree``, ``after_manifest``, ``after_rename`` (before LATEST), ``after_latest``.
 """
@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 import typing as tp
 import uuid
 import zlib
@@ -58,6 +59,9 @@ def fault(point: str, rank: int) -> None:
             continue
         if len(parts) > 2 and parts[2] == "raise":
             raise OSError(f"injected fault at {point}")
+        if len(parts) > 2 and parts[2].startswith("sleep"):
+            time.sleep(float(parts[2][5:] or 1.0))
+            continue
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -262,7 +266,13 @@ def commit_save(
             except OSError as exc:
                 log.warning("hpctrain.ckpt: step %d committed but LATEST not updated: %s", step, exc)
             fault("after_latest", rank)
-    done = comm.all_gather(commit_err)
+    try:
+        done = comm.all_gather(commit_err)
+    except HpctrainError as exc:
+        if rank == 0 and not commit_err:  # every shard was durable and rank 0 published: it is committed
+            log.warning("hpctrain.ckpt: step %d committed, but a peer is gone: %s", step, exc)
+            return final
+        raise
     if done[0] and rank == 0 and not final.exists():
         shutil.rmtree(tmp, ignore_errors=True)
     if done[0]:
