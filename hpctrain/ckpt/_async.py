@@ -33,13 +33,17 @@ class Stager:
             self._arena = None
             self._arena = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=on_gpu)
         arena = self._arena
+        base = arena.data_ptr()
         chunks = []
         for p, e in zip(pieces, entries):
-            nb = e["nbytes"]
-            dst = arena[e["offset"]: e["offset"] + nb]
+            nb, off = e["nbytes"], e["offset"]
             if nb:
-                dst.view(p.tensor.dtype).copy_(piece_view(p), non_blocking=on_gpu)
-            chunks.append((e["offset"], memoryview(dst.numpy())))
+                t = p.tensor
+                if t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+                    ctypes.memmove(base + off, t.data_ptr() + p.start * p.es, nb)
+                else:
+                    arena[off: off + nb].view(t.dtype).copy_(piece_view(p), non_blocking=on_gpu)
+            chunks.append((off, memoryview(arena[off: off + nb].numpy()) if nb else memoryview(b"")))
         if on_gpu:
             torch.cuda.synchronize()
         return chunks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import random
@@ -15,17 +16,10 @@ from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES
 
 __all__ = [
     "flatten", "unflatten", "Piece", "split_replicated", "layout_hash", "capture_rng", "restore_rng",
-    "tensor_bytes", "dtype_name", "DTYPES",
+    "tensor_bytes", "dtype_name", "DTYPES", "Layout", "layout", "whole", "plan_offsets", "piece_view", "piece_bytes",
 ]
 
 DTYPES: tp.Dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_SIZES if hasattr(torch, name)}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    name = str(dtype).replace("torch.", "")
-    if name not in DTYPES:
-        raise UsageError(f"cannot checkpoint tensors of dtype {dtype}; supported: {', '.join(DTYPES)}")
-    return name
 
 
 def flatten(obj: tp.Any, path: str, tensors: tp.Dict[str, torch.Tensor]) -> tp.Any:
@@ -84,52 +78,84 @@ class Piece(tp.NamedTuple):
     tensor: torch.Tensor  # the whole tensor
     start: int  # element range of the flattened tensor
     stop: int
+    dtype: str  # dtype name in the format
+    es: int  # element size
+
+
+_NAMES: tp.Dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = str(dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise UsageError(f"cannot checkpoint tensors of dtype {dtype}; supported: {', '.join(DTYPES)}")
+        _NAMES[dtype] = name
+    return name
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def split_replicated(tensors: tp.Mapping[str, torch.Tensor], rank: int, world: int) -> tp.List[Piece]:
+class Layout(tp.NamedTuple):
+    """Per-tensor metadata computed once per save: (key, tensor, dtype name, element size, numel)."""
+
+    items: tp.List[tp.Tuple[str, torch.Tensor, str, int, int]]
+    total: int
+    digest: str
+
+
+def layout(tensors: tp.Mapping[str, torch.Tensor]) -> Layout:
+    items, total, sig = [], 0, []
+    for key, t in tensors.items():
+        name, es, n = dtype_name(t.dtype), t.element_size(), t.numel()
+        items.append((key, t, name, es, n))
+        sig.append((key, name, tuple(t.shape)))
+        total += es * n
+    return Layout(items, total, hashlib.sha1(repr(sig).encode()).hexdigest())
+
+
+def layout_hash(tensors: tp.Mapping[str, torch.Tensor]) -> str:
+    return layout(tensors).digest
+
+
+def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], rank: int, world: int) -> tp.List[Piece]:
     """This rank's share of replicated tensors: the concatenated byte stream cut into ``world`` equal
     ranges at element boundaries (Megatron-style fully parallel save, without communication).
     Zero-size tensors go to rank 0 so that every tensor has at least one entry."""
-    total = sum(tensor_bytes(t) for t in tensors.values())
-    lo, hi = total * rank // world, total * (rank + 1) // world
+    lay = tensors if isinstance(tensors, Layout) else layout(tensors)
+    lo, hi = lay.total * rank // world, lay.total * (rank + 1) // world
     out: tp.List[Piece] = []
     cum = 0
-    for key, t in tensors.items():
-        es, n = t.element_size(), t.numel()
+    last = rank == world - 1
+    for key, t, name, es, n in lay.items:
         nb = n * es
         if n == 0:
             if rank == 0:
-                out.append(Piece(key, t, 0, 0))
+                out.append(Piece(key, t, 0, 0, name, es))
             continue
         if cum + nb > lo and cum < hi:
             a = min(n, max(0, (lo - cum) // es))
-            b = min(n, max(0, (hi - cum) // es))
-            if rank == world - 1:
-                b = n
+            b = n if last else min(n, max(0, (hi - cum) // es))
             if b > a:
-                out.append(Piece(key, t, a, b))
+                out.append(Piece(key, t, a, b, name, es))
         cum += nb
     return out
 
 
-def layout_hash(tensors: tp.Mapping[str, torch.Tensor]) -> str:
-    h = hashlib.sha1()
-    for key, t in tensors.items():
-        h.update(json.dumps([key, str(t.dtype), list(t.shape)]).encode())
-    return h.hexdigest()
+def whole(tensors: tp.Mapping[str, torch.Tensor]) -> tp.List[Piece]:
+    return [Piece(k, t, 0, n, name, es) for k, t, name, es, n in layout(tensors).items]
 
 
 def plan_offsets(pieces: tp.Sequence[Piece]) -> tp.Tuple[tp.List[tp.Dict[str, tp.Any]], int]:
     """Header entries with aligned offsets for ``pieces``, and the data size."""
     entries, off = [], 0
     for p in pieces:
-        nb = (p.stop - p.start) * p.tensor.element_size()
+        nb = (p.stop - p.start) * p.es
         entries.append({
-            "key": p.key, "dtype": dtype_name(p.tensor.dtype), "shape": list(p.tensor.shape),
+            "key": p.key, "dtype": p.dtype, "shape": list(p.tensor.shape),
             "start": p.start, "stop": p.stop, "offset": off, "nbytes": nb,
         })
         off += (nb + ALIGN - 1) // ALIGN * ALIGN
@@ -141,6 +167,21 @@ def piece_view(p: Piece) -> torch.Tensor:
     t = p.tensor
     flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
     return flat[p.start:p.stop]
+
+
+def piece_bytes(p: Piece) -> memoryview:
+    """The piece's bytes on the host without a copy when the tensor is a contiguous CPU tensor.
+
+    The memoryview points into the tensor's storage: ``p.tensor`` must stay alive (it does, in ``p``).
+    """
+    t = p.tensor
+    nb = (p.stop - p.start) * p.es
+    if nb == 0:
+        return memoryview(b"")
+    if t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+        return memoryview((ctypes.c_char * nb).from_address(t.data_ptr() + p.start * p.es)).cast("B")
+    v = piece_view(p).cpu()
+    return memoryview(v.view(torch.uint8).numpy())
 
 
 def capture_rng() -> tp.Dict[str, tp.Any]:

@@ -23,8 +23,8 @@ from hpctrain.ckpt._format import (
 )
 from hpctrain.ckpt._scan import Deleter, plan_retention, scan
 from hpctrain.ckpt._state import (
-    DTYPES, Piece, capture_rng, flatten, layout_hash, piece_view, plan_offsets, restore_rng, split_replicated,
-    tensor_bytes, unflatten,
+    DTYPES, capture_rng, flatten, layout, piece_bytes, plan_offsets, restore_rng, split_replicated, tensor_bytes,
+    unflatten, whole,
 )
 
 __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
@@ -124,10 +124,12 @@ class Checkpointer:
             states["extra"] = extra
         tensors: tp.Dict[str, torch.Tensor] = {}
         trees = {name: flatten(state, name, tensors) for name, state in states.items()}
-        pieces = split_replicated(tensors, self.rank, self.world_size)
+        lay = layout(tensors)
+        pieces = split_replicated(lay, self.rank, self.world_size)
         local: tp.Dict[str, torch.Tensor] = {}
         local_tree = {"rng": flatten(capture_rng(), "local/rng", local)}
-        pieces += [Piece(k, t, 0, t.numel()) for k, t in local.items()]
+        local_pieces = whole(local)
+        pieces += local_pieces
         entries, data_size = plan_offsets(pieces)
         header: tp.Dict[str, tp.Any] = {
             "rank": self.rank, "world_size": self.world_size, "step": step, "entries": entries, "local": local_tree,
@@ -135,13 +137,13 @@ class Checkpointer:
         if self.rank == 0:
             header["trees"] = trees
         header_bytes = encode_header(header)
-        total = sum(tensor_bytes(t) for t in tensors.values()) + self.world_size * (
-            len(header_bytes) + sum(tensor_bytes(t) for t in local.values()) + 64 * len(entries))
+        total = lay.total + self.world_size * (
+            len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries))
         if blocking:
-            chunks = [(e["offset"], _bytes_view(piece_view(p))) for p, e in zip(pieces, entries)]
+            chunks = [(e["offset"], piece_bytes(p)) for p, e in zip(pieces, entries)]
         else:
             chunks = self._stager.stage(pieces, entries, data_size)
-        plan = ShardPlan(header_bytes, chunks, data_size, layout_hash(tensors), total)
+        plan = ShardPlan(header_bytes, chunks, data_size, lay.digest, total)
         manifest_extra = {
             "run_id": self.run_id, "data_state": data_state, "time": time.time(), "entries": sorted(trees),
             "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
@@ -327,14 +329,6 @@ class Checkpointer:
             saved_world_size=manifest["world_size"], world_size=self.world_size, run_id=manifest.get("run_id", ""),
             rng_restored=rng_restored, quarantined=quarantined,
         )
-
-
-def _bytes_view(t: torch.Tensor) -> memoryview:
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype != torch.uint8:
-        t = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-    return memoryview(t.numpy())
 
 
 def _assemble(where: str, key: str, ps: tp.List[tp.Tuple[int, int, torch.Tensor, tp.Dict[str, tp.Any]]]) -> torch.Tensor:
