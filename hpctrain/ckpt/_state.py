@@ -30,7 +30,7 @@ def flatten(obj: tp.Any, path: str, tensors: tp.Dict[str, torch.Tensor]) -> tp.A
         while key in tensors:
             n += 1
             key = f"{path}#{n}"
-        tensors[key] = obj.detach()
+        tensors[key] = obj.detach() if obj.requires_grad else obj
         return {"__tensor__": key}
     if isinstance(obj, np.ndarray):
         ref = flatten(torch.from_numpy(np.ascontiguousarray(obj)).clone(), path, tensors)
@@ -82,17 +82,21 @@ class Piece(tp.NamedTuple):
     es: int  # element size
 
 
-_NAMES: tp.Dict[torch.dtype, str] = {}
+_NAMES: tp.Dict[torch.dtype, tp.Tuple[str, int]] = {}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    name = _NAMES.get(dtype)
-    if name is None:
+def _dtype_info(dtype: torch.dtype) -> tp.Tuple[str, int]:
+    info = _NAMES.get(dtype)
+    if info is None:
         name = str(dtype).replace("torch.", "")
         if name not in DTYPES:
             raise UsageError(f"cannot checkpoint tensors of dtype {dtype}; supported: {', '.join(DTYPES)}")
-        _NAMES[dtype] = name
-    return name
+        info = _NAMES[dtype] = (name, DTYPE_SIZES[name])
+    return info
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _dtype_info(dtype)[0]
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -110,7 +114,8 @@ class Layout(tp.NamedTuple):
 def layout(tensors: tp.Mapping[str, torch.Tensor]) -> Layout:
     items, total, sig = [], 0, []
     for key, t in tensors.items():
-        name, es, n = dtype_name(t.dtype), t.element_size(), t.numel()
+        name, es = _dtype_info(t.dtype)
+        n = t.numel()
         items.append((key, t, name, es, n))
         sig.append((key, name, tuple(t.shape)))
         total += es * n

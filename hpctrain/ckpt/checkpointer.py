@@ -19,7 +19,7 @@ from hpctrain._errors import HpctrainError, UsageError
 from hpctrain.ckpt._async import Stager, Writer
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._format import (
-    FormatError, encode_header, parse_header_bytes, quarantine_name, read_manifest, step_name,
+    DTYPE_SIZES, FormatError, encode_header, parse_header_bytes, quarantine_name, read_manifest, step_name,
 )
 from hpctrain.ckpt._scan import Deleter, plan_retention, scan
 from hpctrain.ckpt._state import (
@@ -286,12 +286,16 @@ class Checkpointer:
                 trees = hdr.header.get("trees")
             if i == self.rank:
                 local_tree = hdr.header.get("local")
+            typed: tp.Dict[str, tp.Tuple[torch.Tensor, int]] = {}
             for e in hdr.header["entries"]:
                 if e["key"].startswith("local/") and i != self.rank:
                     continue  # another rank's RNG state
-                a = hdr.data_start + e["offset"]
-                src = buf[a: a + e["nbytes"]].view(DTYPES[e["dtype"]])
-                pieces.setdefault(e["key"], []).append((e["start"], e["stop"], src, e))
+                if e["dtype"] not in typed:  # one typed view of the data section per dtype; entries slice it
+                    es = DTYPE_SIZES[e["dtype"]]
+                    n = (s["bytes"] - hdr.data_start) // es
+                    typed[e["dtype"]] = (buf[hdr.data_start: hdr.data_start + n * es].view(DTYPES[e["dtype"]]), es)
+                tview, es = typed[e["dtype"]]
+                pieces.setdefault(e["key"], []).append((e["start"], e["stop"], tview, e["offset"] // es, e))
         if not isinstance(trees, dict):
             raise FormatError(f"{path.name}: shard 0 holds no state tree")
         tensors = {k: _assemble(path.name, k, ps) for k, ps in pieces.items()}
@@ -331,23 +335,31 @@ class Checkpointer:
         )
 
 
-def _assemble(where: str, key: str, ps: tp.List[tp.Tuple[int, int, torch.Tensor, tp.Dict[str, tp.Any]]]) -> torch.Tensor:
-    ps.sort(key=lambda p: p[0])
-    e0 = ps[0][3]
+def _assemble(where: str, key: str, ps: tp.List[tp.Tuple[int, int, torch.Tensor, int, tp.Dict[str, tp.Any]]]
+              ) -> torch.Tensor:
+    """One tensor from its stored pieces: a view into the read buffer when it was stored whole."""
+    if len(ps) > 1:
+        ps.sort(key=lambda p: p[0])
+    e0 = ps[0][4]
     shape = [int(d) for d in e0["shape"]]
     numel = 1
     for d in shape:
         numel *= d
     pos = 0
-    for start, stop, _, e in ps:
+    for start, stop, _, _, e in ps:
         if start != pos or e["dtype"] != e0["dtype"] or e["shape"] != e0["shape"]:
             raise FormatError(f"{where}: the stored pieces of tensor {key!r} do not fit together")
         pos = stop
     if pos != numel:
         raise FormatError(f"{where}: tensor {key!r} is incomplete ({pos} of {numel} elements stored)")
     if len(ps) == 1:
-        return ps[0][2].view(shape)
+        tview, off = ps[0][2], ps[0][3]
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= max(d, 1)
+        return torch.as_strided(tview, shape, strides[::-1], tview.storage_offset() + off)
     out = torch.empty(numel, dtype=DTYPES[e0["dtype"]])
-    for start, stop, src, _ in ps:
-        out[start:stop].copy_(src)
+    for start, stop, tview, off, _ in ps:
+        out[start:stop].copy_(tview[off: off + stop - start])
     return out.view(shape)
