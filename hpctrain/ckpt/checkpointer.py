@@ -163,8 +163,12 @@ class Checkpointer:
             check_free_space=cfg.check_free_space, space_margin=cfg.free_space_margin, aborted=self._abort.is_set,
         )
         if self._deleter is not None:
-            for e in plan_retention(scan(self.root), cfg.keep_last, cfg.keep_every):
+            entries = scan(self.root)
+            for e in plan_retention(entries, cfg.keep_last, cfg.keep_every):
                 self._deleter.submit(e.path)
+            for e in entries:  # a re-saved step's previous copy, moved aside by the commit
+                if e.status == "deleting" and "-replaced-" in e.name:
+                    self._deleter.submit(e.path)
         return final
 
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hpctrain.ckpt._format import digest_dir
@@ -64,3 +66,37 @@ def test_training_continues_bit_exactly_after_restore_ddp(tmp_path):
 def test_training_continues_bit_exactly_after_restore_single(tmp_path):
     first, resumed = w.train_resume(0, 1, str(tmp_path), 6, 3)
     assert first == resumed
+
+
+def test_resaving_a_committed_step_replaces_it_without_writing_into_it(tmp_path):
+    from hpctrain.ckpt import Checkpointer
+
+    ck = Checkpointer(w.cfg(str(tmp_path)))
+    m1, o1, _ = w.build(1)
+    first = ck.save(5, model=m1, optimizer=o1)
+    inode = first.stat().st_ino
+    m2, o2, _ = w.build(2)
+    second = ck.save(5, model=m2, optimizer=o2)
+    ck.join_gc()
+    ck.close()
+    assert second == first and second.stat().st_ino != inode  # a fresh directory, renamed into place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step-000000005"]
+    m3, o3, _ = w.build(9, 0)
+    assert Checkpointer(w.cfg(str(tmp_path))).restore(model=m3, optimizer=o3).step == 5
+    assert w.state_hash(m3, o3) == w.state_hash(m2, o2)
+
+
+def test_lustre_striping_runs_lfs_on_the_new_directory_when_configured(tmp_path, monkeypatch):
+    from hpctrain.ckpt import Checkpointer
+
+    bindir, log = tmp_path / "bin", tmp_path / "lfs.log"
+    bindir.mkdir()
+    (bindir / "lfs").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    (bindir / "lfs").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    model, opt, _ = w.build(1)
+    Checkpointer(w.cfg(str(tmp_path / "ck"))).save(1, model=model)  # off by default: lfs not called
+    assert not log.exists()
+    Checkpointer(w.cfg(str(tmp_path / "ck"), lustre_stripe=("-c", "-1", "-S", "16M"))).save(2, model=model)
+    args = log.read_text().split()
+    assert args[:5] == ["setstripe", "-c", "-1", "-S", "16M"] and ".tmp-" in args[5]
