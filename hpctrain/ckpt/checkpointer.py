@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from hpctrain._errors import HpctrainError, UsageError
 from hpctrain.ckpt._async import Stager, Writer
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._format import (
-    DTYPE_SIZES, FormatError, encode_header, parse_header_bytes, quarantine_name, read_manifest, step_name,
+    DTYPE_SIZES, MAGIC, FormatError, encode_header, quarantine_name, read_header, read_manifest, step_name,
 )
 from hpctrain.ckpt._scan import Deleter, plan_retention, scan
 from hpctrain.ckpt._state import (
@@ -263,46 +264,80 @@ class Checkpointer:
         return None
 
     def _load(self, path: Path) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, torch.Tensor], tp.Any, tp.Dict[str, tp.Any]]:
+        """Read and check every shard; tensors come back as views into the read buffers, except tensors
+        split across shards, whose pieces are read straight into one tensor (no assembly copy)."""
         manifest = read_manifest(path)
         shards = manifest["shards"]
         for s in shards:  # sizes first: cheap, catches truncation and missing files before any big read
             size = (path / s["file"]).stat().st_size
             if size != s["bytes"]:
                 raise FormatError(f"{path.name}/{s['file']}: size {size} != {s['bytes']} in the manifest (truncated?)")
-        pieces: tp.Dict[str, tp.List[tp.Tuple[int, int, torch.Tensor, tp.Dict[str, tp.Any]]]] = {}
-        trees: tp.Any = None
-        local_tree: tp.Any = None
-        for i, s in enumerate(shards):
-            buf = torch.empty(s["bytes"], dtype=torch.uint8)
-            arr = buf.numpy()
-            with open(path / s["file"], "rb", buffering=0) as f:
-                view, got = memoryview(arr), 0
-                while got < s["bytes"]:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        raise FormatError(f"{path.name}/{s['file']}: truncated while reading")
-                    got += n
-            if self.config.verify_checksums and i % self.world_size == self.rank:
-                if zlib.crc32(arr) != s["crc32"]:
-                    raise FormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
-            hdr = parse_header_bytes(f"{path.name}/{s['file']}", arr)
-            if i == 0:
-                trees = hdr.header.get("trees")
-            if i == self.rank:
-                local_tree = hdr.header.get("local")
-            typed: tp.Dict[str, tp.Tuple[torch.Tensor, int]] = {}
+        headers = [read_header(path / s["file"]) for s in shards]
+        pieces: tp.Dict[str, tp.List[tp.Tuple[int, int, int, int, tp.Dict[str, tp.Any]]]] = {}
+        for i, hdr in enumerate(headers):
             for e in hdr.header["entries"]:
                 if e["key"].startswith("local/") and i != self.rank:
                     continue  # another rank's RNG state
-                if e["dtype"] not in typed:  # one typed view of the data section per dtype; entries slice it
-                    es = DTYPE_SIZES[e["dtype"]]
-                    n = (s["bytes"] - hdr.data_start) // es
-                    typed[e["dtype"]] = (buf[hdr.data_start: hdr.data_start + n * es].view(DTYPES[e["dtype"]]), es)
-                tview, es = typed[e["dtype"]]
-                pieces.setdefault(e["key"], []).append((e["start"], e["stop"], tview, e["offset"] // es, e))
+                pieces.setdefault(e["key"], []).append((e["start"], e["stop"], i, hdr.data_start + e["offset"], e))
+        for key, ps in pieces.items():
+            _check_pieces(path.name, key, ps)
+        # tensors stored in several pieces get their final memory now; reads land there directly
+        split = {k: torch.empty(_numel(ps[0][4]["shape"]), dtype=DTYPES[ps[0][4]["dtype"]])
+                 for k, ps in pieces.items() if len(ps) > 1}
+        direct: tp.List[tp.List[tp.Tuple[int, memoryview]]] = [[] for _ in shards]
+        for k, out in split.items():
+            base, es = out.data_ptr(), out.element_size()
+            for start, stop, i, off, _ in pieces[k]:
+                nb = (stop - start) * es
+                if nb:
+                    direct[i].append((off, memoryview((ctypes.c_char * nb).from_address(base + start * es)).cast("B")))
+        bufs: tp.List[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * len(shards)
+        n = len(shards)
+        for k in range(n):  # rank r starts at shard r: the ranks read different files in parallel
+            i = (self.rank + k) % n
+            s = shards[i]
+            buf = torch.empty(s["bytes"], dtype=torch.uint8)  # pages under direct-read holes are never touched
+            whole = memoryview(buf.numpy())
+            segments: tp.List[memoryview] = []
+            pos = 0
+            for off, dst in sorted(direct[i], key=lambda d: d[0]):
+                segments += [whole[pos:off], dst]
+                pos = off + dst.nbytes
+            segments.append(whole[pos:])
+            crc = 0
+            check = self.config.verify_checksums and i % self.world_size == self.rank % n
+            with open(path / s["file"], "rb", buffering=0) as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                for seg in segments:
+                    _read_exact(f, seg, f"{path.name}/{s['file']}")
+                    if check:
+                        crc = zlib.crc32(seg, crc)
+            if check and crc != s["crc32"]:
+                raise FormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
+            if bytes(whole[: len(MAGIC)]) != MAGIC:
+                raise FormatError(f"{path.name}/{s['file']}: not an hpctrain shard (changed while reading?)")
+            bufs[i] = buf
+        tensors: tp.Dict[str, torch.Tensor] = {}
+        typed: tp.Dict[tp.Tuple[int, str], torch.Tensor] = {}
+        for key, ps in pieces.items():
+            if key in split:
+                tensors[key] = split[key].view([int(d) for d in ps[0][4]["shape"]])
+                continue
+            _, _, i, off, e = ps[0]
+            tv = typed.get((i, e["dtype"]))
+            if tv is None:  # one typed view per shard and dtype (offsets are 64-byte aligned)
+                es = DTYPE_SIZES[e["dtype"]]
+                tv = typed[(i, e["dtype"])] = bufs[i][: bufs[i].numel() // es * es].view(DTYPES[e["dtype"]])
+            shape = [int(d) for d in e["shape"]]
+            strides, acc = [], 1
+            for d in reversed(shape):
+                strides.append(acc)
+                acc *= max(d, 1)
+            tensors[key] = torch.as_strided(tv, shape, strides[::-1], tv.storage_offset() + off // tv.element_size())
+        trees = headers[0].header.get("trees")
         if not isinstance(trees, dict):
             raise FormatError(f"{path.name}: shard 0 holds no state tree")
-        tensors = {k: _assemble(path.name, k, ps) for k, ps in pieces.items()}
+        local_tree = headers[self.rank].header.get("local") if self.rank < n else None
         return trees, tensors, local_tree, manifest
 
     def _apply(self, s: int, path: Path, loaded: tp.Any, quarantined: tp.List[int], model: tp.Any, optimizer: tp.Any,
@@ -339,31 +374,31 @@ class Checkpointer:
         )
 
 
-def _assemble(where: str, key: str, ps: tp.List[tp.Tuple[int, int, torch.Tensor, int, tp.Dict[str, tp.Any]]]
-              ) -> torch.Tensor:
-    """One tensor from its stored pieces: a view into the read buffer when it was stored whole."""
+def _numel(shape: tp.Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _check_pieces(where: str, key: str, ps: tp.List[tp.Tuple[int, int, int, int, tp.Dict[str, tp.Any]]]) -> None:
+    """The pieces of one tensor must tile it exactly, with one dtype and shape."""
     if len(ps) > 1:
         ps.sort(key=lambda p: p[0])
     e0 = ps[0][4]
-    shape = [int(d) for d in e0["shape"]]
-    numel = 1
-    for d in shape:
-        numel *= d
     pos = 0
     for start, stop, _, _, e in ps:
         if start != pos or e["dtype"] != e0["dtype"] or e["shape"] != e0["shape"]:
             raise FormatError(f"{where}: the stored pieces of tensor {key!r} do not fit together")
         pos = stop
-    if pos != numel:
-        raise FormatError(f"{where}: tensor {key!r} is incomplete ({pos} of {numel} elements stored)")
-    if len(ps) == 1:
-        tview, off = ps[0][2], ps[0][3]
-        strides, acc = [], 1
-        for d in reversed(shape):
-            strides.append(acc)
-            acc *= max(d, 1)
-        return torch.as_strided(tview, shape, strides[::-1], tview.storage_offset() + off)
-    out = torch.empty(numel, dtype=DTYPES[e0["dtype"]])
-    for start, stop, tview, off, _ in ps:
-        out[start:stop].copy_(tview[off: off + stop - start])
-    return out.view(shape)
+    if pos != _numel(e0["shape"]):
+        raise FormatError(f"{where}: tensor {key!r} is incomplete ({pos} of {_numel(e0['shape'])} elements stored)")
+
+
+def _read_exact(f: tp.BinaryIO, view: memoryview, name: str) -> None:
+    got = 0
+    while got < view.nbytes:
+        n = f.readinto(view[got:])
+        if not n:
+            raise FormatError(f"{name}: truncated while reading")
+        got += n
