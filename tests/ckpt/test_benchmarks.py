@@ -27,7 +27,7 @@ def test_gpu_check_fails_cleanly_without_cuda(tmp_path):
 @pytest.mark.slow
 def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
     out = tmp_path / "r.json"
-    r = subprocess.run([sys.executable, "benchmarks/bench_checkpoint.py", "--size-mb", "4", "--world", "2",
+    r = subprocess.run([sys.executable, "benchmarks/bench_checkpoint.py", "--size-mb", "4", "--world", "2", "--repeat", "1",
                         "--json", str(out), "--keep", str(tmp_path / "kept"), "--dir", str(tmp_path / "work")],
                        cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
