@@ -15,7 +15,9 @@ Measured (all in the same run):
 * floor for async staging: one in-memory copy of the whole state (preallocated ``copy_``);
 * peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full state on rank 0 + fsync.
 
-Each figure is the best of ``--repeat`` rounds (2 by default: the machine may be shared).
+Each figure is the best of ``--repeat`` rounds (2 by default: the machine may be shared), and every
+timed phase starts after ``sync`` and a short pause, so that no phase pays for the previous one's
+write-back (measured order effects were up to 3x on a VM disk).
 Prints one JSON object; ratios > 1 mean hpctrain is faster, except ``async_block_vs_*`` (lower is better).
 """
 
@@ -118,7 +120,15 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     nbytes = sum(t.numel() * t.element_size() for t in _tensors(state))
     res: tp.Dict[str, float] = {}
 
+    def settle() -> None:
+        """Every timed phase starts from the same disk state: nothing dirty, device write cache drained."""
+        if rank == 0:
+            os.sync()
+            time.sleep(args.settle_s)
+        dist.barrier()
+
     def timed(name: str, fn: tp.Callable[[], tp.Any], before: tp.Optional[tp.Callable[[], None]] = None) -> tp.Any:
+        settle()
         if before is not None and rank == 0:
             before()
         dist.barrier()
@@ -169,13 +179,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 d.copy_(s)
 
         timed("copy_s", copy_all)
-        del dst
 
         # -- hpctrain
         base = 10 * rep
         timed("hp_save_s", lambda: ck.save(base + 1, model=mh, optimizer=oh, data_state={"samples": base + 1}))
         for step in (base + 2, base + 3):
-            dist.barrier()
+            settle()
             t0 = time.perf_counter()
             ck.save(step, model=mh, optimizer=oh, data_state={"samples": step}, blocking=False)
             block = time.perf_counter() - t0
@@ -205,7 +214,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
         # -- peers
         timed("dcp_save_s", lambda: dcp.save(state, checkpoint_id=str(dcp_dir / f"sync{rep}")))
-        dist.barrier()
+        settle()
         t0 = time.perf_counter()
         fut = dcp.async_save(state, checkpoint_id=str(dcp_dir / f"async{rep}"))
         block = time.perf_counter() - t0
@@ -258,6 +267,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p.add_argument("--json", type=Path, help="also write the JSON result here")
     p.add_argument("--keep", type=Path, help="leave hpctrain's committed checkpoints (the last 3) in this directory")
     p.add_argument("--repeat", type=int, default=2, help="rounds; each figure is the best round (shared machines)")
+    p.add_argument("--settle-s", type=float, default=0.3, help="sync + pause before each timed phase")
     p.add_argument("--dir", type=Path, help="working directory on the filesystem to test (default: ./bench_out)")
     args = p.parse_args(argv)
     if args.size_mb <= 0 or args.world < 1 or args.repeat < 1:

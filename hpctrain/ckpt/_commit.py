@@ -35,7 +35,7 @@ import torch
 
 from hpctrain._atomic import atomic_write_json, atomic_write_text, fsync_dir
 from hpctrain._errors import HpctrainError
-from hpctrain.ckpt._format import FORMAT_VERSION, LATEST, MANIFEST, encode_header, shard_name, step_name, tmp_name
+from hpctrain.ckpt._format import FORMAT_VERSION, LATEST, MANIFEST, shard_name, step_name, tmp_name
 
 __all__ = ["Comm", "fault", "FAULT_POINTS", "ShardPlan", "commit_save", "write_shard"]
 

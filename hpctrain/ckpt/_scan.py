@@ -109,10 +109,10 @@ def remove_dir(path: Path) -> None:
 
 
 class Deleter:
-    """One daemon thread that deletes directories in the background (never blocks a save)."""
+    """One daemon thread that deletes directories (and plans retention) in the background: never blocks a save."""
 
     def __init__(self) -> None:
-        self._q: "queue.Queue[tp.Optional[Path]]" = queue.Queue()
+        self._q: "queue.Queue[tp.Any]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="hpctrain-ckpt-gc", daemon=True)
         self._thread.start()
 
@@ -122,14 +122,15 @@ class Deleter:
             try:
                 if path is None:
                     return
-                remove_dir(path)
+                path() if callable(path) else remove_dir(path)
             except Exception as exc:  # noqa: BLE001 - gc must never kill training
                 log.warning("hpctrain.ckpt: could not delete %s: %s", path, exc)
             finally:
                 self._q.task_done()
 
-    def submit(self, path: Path) -> None:
-        self._q.put(path)
+    def submit(self, item: tp.Union[Path, tp.Callable[[], None]]) -> None:
+        """A directory to delete, or a callable to run (a retention pass)."""
+        self._q.put(item)
 
     def join(self) -> None:
         """Wait until everything submitted so far is deleted."""

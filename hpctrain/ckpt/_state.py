@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import random
 import typing as tp
 

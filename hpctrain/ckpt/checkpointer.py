@@ -22,7 +22,7 @@ from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._format import (
     DTYPE_SIZES, MAGIC, FormatError, encode_header, quarantine_name, read_header, read_manifest, step_name,
 )
-from hpctrain.ckpt._scan import Deleter, plan_retention, scan
+from hpctrain.ckpt._scan import Deleter, plan_retention, remove_dir, scan
 from hpctrain.ckpt._state import (
     DTYPES, capture_rng, flatten, layout, piece_bytes, plan_offsets, restore_rng, split_replicated, tensor_bytes,
     unflatten, whole,
@@ -116,8 +116,8 @@ class Checkpointer:
         if not isinstance(step, int) or step < 0:
             raise UsageError(f"save(step=...) must be a non-negative int, got {step!r}")
         self.wait()  # at most one save in flight; a previous writer error surfaces here
-        try:
-            json.dumps(data_state, allow_nan=False)
+        try:  # a copy: the caller may mutate its dict while an async save is in flight
+            data_state = json.loads(json.dumps(data_state, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise UsageError(f"save(data_state=...) must be JSON-serialisable: {exc}") from None
         states = {n: o.state_dict() for n, o in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)) if o is not None}
@@ -164,13 +164,16 @@ class Checkpointer:
             check_free_space=cfg.check_free_space, space_margin=cfg.free_space_margin, aborted=self._abort.is_set,
         )
         if self._deleter is not None:
-            entries = scan(self.root)
-            for e in plan_retention(entries, cfg.keep_last, cfg.keep_every):
-                self._deleter.submit(e.path)
-            for e in entries:  # a re-saved step's previous copy, moved aside by the commit
-                if e.status == "deleting" and "-replaced-" in e.name:
-                    self._deleter.submit(e.path)
+            self._deleter.submit(self._retain)  # planned and done in the background: never delays a save
         return final
+
+    def _retain(self) -> None:
+        entries = scan(self.root)
+        for e in plan_retention(entries, self.config.keep_last, self.config.keep_every):
+            remove_dir(e.path)
+        for e in entries:  # a re-saved step's previous copy, moved aside by the commit
+            if e.status == "deleting" and "-replaced-" in e.name:
+                remove_dir(e.path)
 
     @property
     def in_flight(self) -> bool:
