@@ -17,7 +17,8 @@ log = logging.getLogger("hpctrain.ckpt")
 
 
 class Stager:
-    """Copies this rank's pieces into one host arena laid out exactly like the shard's data section.
+    """Copies this rank's pieces into one host arena laid out exactly like the shard's data section,
+    which is then written with one large write.
 
     The arena is reused while the layout stays the same (no page faults after the first save) and is
     pinned when the state lives on a GPU, so the device-to-host copies run at full PCIe/NVLink speed.
@@ -34,19 +35,22 @@ class Stager:
             self._arena = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=on_gpu)
         arena = self._arena
         base = arena.data_ptr()
-        chunks = []
+        pos = 0
         for p, e in zip(pieces, entries):
             nb, off = e["nbytes"], e["offset"]
+            if off > pos:  # alignment padding: zeros, never stale memory
+                ctypes.memset(base + pos, 0, off - pos)
             if nb:
                 t = p.tensor
                 if t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg():
                     ctypes.memmove(base + off, t.data_ptr() + p.start * p.es, nb)
                 else:
                     arena[off: off + nb].view(t.dtype).copy_(piece_view(p), non_blocking=on_gpu)
-            chunks.append((off, memoryview(arena[off: off + nb].numpy()) if nb else memoryview(b"")))
+            pos = off + nb
         if on_gpu:
             torch.cuda.synchronize()
-        return chunks
+        # one contiguous block = one large write (measured faster than many small ones, even with the copy)
+        return [(0, memoryview(arena[:size].numpy()) if size else memoryview(b""))]
 
     def release(self) -> None:
         self._arena = None

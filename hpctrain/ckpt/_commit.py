@@ -1,14 +1,16 @@
 """The two-phase commit: every rank writes + fsyncs its shard, all agree, then rank 0 publishes.
 
-Protocol for one save (``commit_save``), on the checkpointer's own gloo group:
+Protocol for one save (``commit_save``), on the checkpointer's own gloo group. The tmp dir name
+``step-N.tmp-j<job>-r<restart>-<nonce>-<k>`` is known to every rank without communication (nonce
+agreed once when the checkpointer is built, ``k`` counts saves), so the fast path is two small collectives:
 
-0. rank 0 checks free space and creates ``step-N.tmp-<job>-<restart>-<nonce>``; gather #1 shares the
-   name and each rank's tensor layout hash (all ranks must hold the same replicated state).
-1. every rank writes its shard, flushes, fsyncs, and computes its crc32 (overlapped with the fsync).
-2. gather #2: each rank's ok/error + size + crc32. Any failure: nobody commits, rank 0 removes the
-   tmp dir, every rank raises the same error.
+1. every rank checks free space, creates the tmp dir (idempotent), writes its shard, flushes,
+   fsyncs, and computes its crc32 (overlapped with the fsync).
+2. agreement: one all-gather of (ok, size, crc32, layout hash) per rank. Any failure: nobody commits,
+   the errors are gathered (slow path), rank 0 removes the tmp dir, every rank raises the same error.
+   Differently shaped state on some rank (not DDP-replicated) is refused the same way.
 3. rank 0 writes ``MANIFEST.json`` (tmp + fsync + rename), renames the dir to ``step-N``, fsyncs the
-   parent, replaces ``LATEST`` atomically. Gather #3 tells every rank that the commit happened.
+   parent, replaces ``LATEST`` atomically. A last all-gather tells every rank that the commit happened.
 
 Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:sleepSECONDS]``, comma separated; SIGKILL by default):
 ``start``, ``before_write``, ``after_write`` (written, not fsynced), ``after_fsync`` (before the
@@ -80,8 +82,18 @@ class Comm:
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         else:
             self.rank, self.world, self.group = 0, 1, None
+        # one tag per checkpointer, agreed once: tmp dir names need no round trip at save time
+        self.tag = self.all_gather(_job_tag() if self.rank == 0 else "")[0]
+        self.saves = 0
+
+    def _fail(self, exc: BaseException) -> HpctrainError:
+        return HpctrainError(
+            f"checkpoint agreement failed (a rank died or exceeded agreement_timeout_s={self.timeout_s:g}): "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        )
 
     def all_gather(self, obj: tp.Any) -> tp.List[tp.Any]:
+        """Any picklable object from every rank (slow path: errors, restore candidates)."""
         if self.world == 1:
             return [obj]
         import torch.distributed as dist
@@ -90,11 +102,22 @@ class Comm:
         try:
             dist.all_gather_object(out, obj, group=self.group)
         except Exception as exc:  # noqa: BLE001 - a peer died or timed out
-            raise HpctrainError(
-                f"checkpoint agreement failed (a rank died or exceeded agreement_timeout_s={self.timeout_s:g}): "
-                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-            ) from exc
+            raise self._fail(exc) from exc
         return out
+
+    def all_gather_ints(self, values: tp.Sequence[int]) -> tp.List[tp.List[int]]:
+        """A few int64 from every rank in one collective (the fast path of the protocol)."""
+        if self.world == 1:
+            return [list(values)]
+        import torch.distributed as dist
+
+        t = torch.tensor(list(values), dtype=torch.int64)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        try:
+            dist.all_gather(out, t, group=self.group)
+        except Exception as exc:  # noqa: BLE001 - a peer died or timed out
+            raise self._fail(exc) from exc
+        return [o.tolist() for o in out]
 
 
 @dataclass
@@ -114,9 +137,14 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[n:]
 
 
-def write_shard(path: Path, plan: ShardPlan, rank: int) -> tp.Tuple[int, int]:
-    """Write header + data, fsync (in a thread) while computing crc32; return (size, crc32)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def write_shard(path: Path, plan: ShardPlan, rank: int, stripe: tp.Sequence[str] = ()) -> tp.Tuple[int, int]:
+    """Write header + data, fsync (in a thread) while computing crc32; return (size, crc32).
+
+    With ``stripe``, ``lfs setstripe`` creates the (new, empty) file with that layout first."""
+    if _stripe(path, stripe):
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         crc_parts: tp.List[memoryview] = [memoryview(plan.header)]
         _write_all(fd, memoryview(plan.header))
@@ -167,13 +195,17 @@ def _job_tag() -> str:
     return f"j{job}-r{restart}-{uuid.uuid4().hex[:10]}"
 
 
-def _stripe(path: Path, spec: tp.Sequence[str]) -> None:
+def _stripe(path: Path, spec: tp.Sequence[str]) -> bool:
+    """Create ``path`` striped with ``lfs setstripe``; False (nothing created) when off or unavailable."""
     if not spec or shutil.which("lfs") is None:
-        return
+        return False
     try:
         subprocess.run(["lfs", "setstripe", *spec, str(path)], check=True, capture_output=True, timeout=60)
     except (subprocess.SubprocessError, OSError) as exc:
         log.warning("hpctrain.ckpt: lfs setstripe %s failed (continuing unstriped): %s", " ".join(spec), exc)
+        path.unlink(missing_ok=True)
+        return False
+    return path.exists()
 
 
 def _space_error(root: Path, need: int, margin: float) -> str:
@@ -193,52 +225,41 @@ def commit_save(
     """Run the whole protocol for this rank; return the committed directory or raise HpctrainError."""
     rank, world = comm.rank, comm.world
     fault("start", rank)
-    # -- phase 0: one tmp dir, created by rank 0; same layout everywhere
-    tmp_dir, err = "", ""
-    if rank == 0:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            if check_free_space:
-                err = _space_error(root, plan.total_bytes, space_margin)
-            if not err:
-                tmp_dir = tmp_name(step, _job_tag())
-                (root / tmp_dir).mkdir()
-                _stripe(root / tmp_dir, stripe)
-        except OSError as exc:
-            err = f"cannot create a checkpoint directory in {root}: {exc}"
-    hello = comm.all_gather((tmp_dir, err, plan.layout))
-    tmp_dir, err = hello[0][0], hello[0][1]
-    if err:
-        raise HpctrainError(f"checkpoint step {step} not written: {err}")
-    layouts = {h[2] for h in hello}
-    if len(layouts) > 1:
-        if rank == 0:
-            shutil.rmtree(root / tmp_dir, ignore_errors=True)
-        raise HpctrainError(
-            f"checkpoint step {step} not written: ranks hold differently shaped model/optimizer state; "
-            "every rank must pass the same replicated state (DDP) to save()"
-        )
-    tmp = root / tmp_dir
-    # -- phase 1: write + fsync this rank's shard
+    comm.saves += 1  # every rank saves in the same order, so every rank names the same tmp dir
+    tmp = root / tmp_name(step, f"{comm.tag}-{comm.saves}")
     name = shard_name(rank, world)
-    record: tp.Tuple[bool, str, tp.Dict[str, tp.Any]]
+    # -- phase 1: every rank checks space, creates the tmp dir (idempotent), writes + fsyncs its shard
+    err, size, crc = "", 0, 0
     try:
-        fault("before_write", rank)
-        if aborted():
-            raise OSError("save abandoned")
-        size, crc = write_shard(tmp / name, plan, rank)
-        fault("after_fsync", rank)
-        record = (True, "", {"file": name, "rank": rank, "bytes": size, "crc32": crc})
+        root.mkdir(parents=True, exist_ok=True)
+        if check_free_space:
+            err = _space_error(root, plan.total_bytes, space_margin)
+        if not err:
+            tmp.mkdir(exist_ok=True)
+            fault("before_write", rank)
+            if aborted():
+                raise OSError("save abandoned")
+            size, crc = write_shard(tmp / name, plan, rank, stripe)
+            fault("after_fsync", rank)
     except OSError as exc:
         hint = " (disk full)" if getattr(exc, "errno", None) == 28 else ""
-        record = (False, f"rank {rank} could not write {name}: {exc.strerror or exc}{hint}", {})
-    # -- phase 2: agreement
-    results = comm.all_gather(record)
-    failed = [r[1] for r in results if not r[0]]
-    if failed:
+        err = f"rank {rank} could not write {name}: {exc.strerror or exc}{hint}"
+    # -- phase 2: agreement, one small collective: ok, size, crc32, layout of every rank
+    layout = int(plan.layout[:15], 16) if plan.layout else 0
+    results = comm.all_gather_ints([0 if err else 1, size, crc, layout])
+    if not all(r[0] for r in results):
+        errors = [e for e in comm.all_gather(err) if e]  # the slow path: who failed and why
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise HpctrainError(f"checkpoint step {step} not committed (earlier checkpoints are intact): {failed[0]}")
+        raise HpctrainError(f"checkpoint step {step} not committed (earlier checkpoints are intact): {errors[0]}")
+    if len({r[3] for r in results}) > 1:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise HpctrainError(
+            f"checkpoint step {step} not committed: ranks hold differently shaped model/optimizer state; "
+            "every rank must pass the same replicated state (DDP) to save()"
+        )
+    shards = [{"file": shard_name(r, world), "rank": r, "bytes": res[1], "crc32": res[2]} for r, res in enumerate(results)]
     fault("after_agree", rank)
     # -- phase 3: rank 0 publishes
     final = root / step_name(step)
@@ -249,7 +270,7 @@ def commit_save(
         try:
             manifest = {
                 "format": "hpctrain-ckpt", "format_version": FORMAT_VERSION, "step": step, "world_size": world,
-                "shards": [r[2] for r in results], "torch": torch.__version__, **manifest_extra,
+                "shards": shards, "torch": torch.__version__, **manifest_extra,
             }
             atomic_write_json(tmp / MANIFEST, manifest)
             fault("after_manifest", rank)
@@ -267,14 +288,15 @@ def commit_save(
                 log.warning("hpctrain.ckpt: step %d committed but LATEST not updated: %s", step, exc)
             fault("after_latest", rank)
     try:
-        done = comm.all_gather(commit_err)
+        done = comm.all_gather_ints([1 if commit_err else 0])
     except HpctrainError as exc:
         if rank == 0 and not commit_err:  # every shard was durable and rank 0 published: it is committed
             log.warning("hpctrain.ckpt: step %d committed, but a peer is gone: %s", step, exc)
             return final
         raise
-    if done[0] and rank == 0 and not final.exists():
-        shutil.rmtree(tmp, ignore_errors=True)
-    if done[0]:
-        raise HpctrainError(f"checkpoint step {step} not committed: {done[0]}")
+    if done[0][0]:
+        reason = comm.all_gather(commit_err)[0]
+        if rank == 0 and not final.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise HpctrainError(f"checkpoint step {step} not committed: {reason}")
     return final

@@ -24,7 +24,7 @@ from hpctrain.ckpt._format import (
 )
 from hpctrain.ckpt._scan import Deleter, plan_retention, remove_dir, scan
 from hpctrain.ckpt._state import (
-    DTYPES, capture_rng, flatten, layout, piece_bytes, plan_offsets, restore_rng, split_replicated, tensor_bytes,
+    DTYPES, capture_rng, flatten, layout, plan_offsets, restore_rng, split_replicated, tensor_bytes,
     unflatten, whole,
 )
 
@@ -140,10 +140,9 @@ class Checkpointer:
         header_bytes = encode_header(header)
         total = lay.total + self.world_size * (
             len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries))
-        if blocking:
-            chunks = [(e["offset"], piece_bytes(p)) for p, e in zip(pieces, entries)]
-        else:
-            chunks = self._stager.stage(pieces, entries, data_size)
+        # sync and async alike: copy into the reused host arena (one memcpy, then one large write; on a GPU
+        # the copy is the pinned device-to-host transfer) -- async returns right after this copy
+        chunks = self._stager.stage(pieces, entries, data_size)
         plan = ShardPlan(header_bytes, chunks, data_size, lay.digest, total)
         manifest_extra = {
             "run_id": self.run_id, "data_state": data_state, "time": time.time(), "entries": sorted(trees),

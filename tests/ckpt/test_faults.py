@@ -221,3 +221,9 @@ def test_retention_keeps_exactly_last_k_and_every_n_across_faults(tmp_path):
     assert {s for s, v in st.items() if v == "committed"} == {4, 8, 9, 10}
     assert [s for s, v in st.items() if v == "quarantined"] == [7]
     assert "abandoned" not in st.values()
+
+
+def test_differently_shaped_state_across_ranks_is_refused_on_every_rank(tmp_path):
+    res = run_world(w.save_mismatched, 2, str(tmp_path)).results
+    assert all("differently shaped" in r and "not committed" in r for r in res), res
+    assert statuses(tmp_path) == {}

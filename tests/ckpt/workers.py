@@ -154,3 +154,16 @@ def train_resume(rank: int, world: int, d: str, total: int, save_at: int) -> tp.
     loop(model2, opt2, sched2, save_at, None)
     ck.close()
     return first, state_hash(model2, opt2, sched2)
+
+
+def save_mismatched(rank: int, world: int, d: str) -> str:
+    """Ranks pass differently shaped state (not DDP-replicated): every rank must refuse, nothing committed."""
+    ck = Checkpointer(cfg(d))
+    model, opt, _ = build(seed=1)
+    try:
+        ck.save(1, model=model, extra={"t": torch.zeros(rank + 1)})
+        return "saved"
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return str(exc)
+    finally:
+        ck.close()
