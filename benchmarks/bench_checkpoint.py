@@ -15,7 +15,7 @@ Measured (all in the same run):
 * floor for async staging: one in-memory copy of the whole state (preallocated ``copy_``);
 * peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full state on rank 0 + fsync.
 
-Each figure is the best of ``--repeat`` rounds (2 by default: the machine may be shared), and every
+Each figure is the best of ``--repeat`` rounds (3 by default: the machine may be shared), and every
 timed phase starts after ``sync`` and a short pause, so that no phase pays for the previous one's
 write-back (measured order effects were up to 3x on a VM disk).
 Prints one JSON object; ratios > 1 mean hpctrain is faster, except ``async_block_vs_*`` (lower is better).
@@ -266,7 +266,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p.add_argument("--world", type=int, default=4, help="number of ranks (processes)")
     p.add_argument("--json", type=Path, help="also write the JSON result here")
     p.add_argument("--keep", type=Path, help="leave hpctrain's committed checkpoints (the last 3) in this directory")
-    p.add_argument("--repeat", type=int, default=2, help="rounds; each figure is the best round (shared machines)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; each figure is the best round (shared machines)")
     p.add_argument("--settle-s", type=float, default=0.3, help="sync + pause before each timed phase")
     p.add_argument("--dir", type=Path, help="working directory on the filesystem to test (default: ./bench_out)")
     args = p.parse_args(argv)
