@@ -246,12 +246,19 @@ def commit_save(
         err = f"rank {rank} could not write {name}: {exc.strerror or exc}{hint}"
     # -- phase 2: agreement, one small collective: ok, size, crc32, layout of every rank
     layout = int(plan.layout[:15], 16) if plan.layout else 0
-    results = comm.all_gather_ints([0 if err else 1, size, crc, layout])
+    results = comm.all_gather_ints([0 if err else 1, size, crc, layout, comm.saves, step])
     if not all(r[0] for r in results):
         errors = [e for e in comm.all_gather(err) if e]  # the slow path: who failed and why
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise HpctrainError(f"checkpoint step {step} not committed (earlier checkpoints are intact): {errors[0]}")
+    if len({(r[4], r[5]) for r in results}) > 1:  # some rank skipped or added a save: never mix directories
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise HpctrainError(
+            f"checkpoint step {step} not committed: ranks disagree on the save sequence "
+            f"(step, save count per rank: {[(r[5], r[4]) for r in results]}); call save() on every rank with the same step"
+        )
     if len({r[3] for r in results}) > 1:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
