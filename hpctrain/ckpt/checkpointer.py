@@ -245,7 +245,8 @@ class Checkpointer:
                 loaded, err = self._load(path), ""
             except (FormatError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
                 loaded, err = None, f"rank {self.rank}: {exc}"
-            errors = [e for e in self._comm.all_gather(err) if e]
+            ok = self._comm.all_gather_ints([0 if err else 1])
+            errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
             if not errors:
                 assert loaded is not None
                 return self._apply(s, path, loaded, quarantined, model, optimizer, scheduler, scaler,
@@ -260,7 +261,7 @@ class Checkpointer:
             quarantined.append(s)
             if step is not None:
                 raise HpctrainError(f"checkpoint step {s} failed verification and was quarantined: {errors[0]}")
-        self._comm.all_gather(None)  # everyone is past the quarantine renames
+        self._comm.all_gather_ints([0])  # everyone is past the quarantine renames
         if quarantined:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)
         return None
@@ -368,7 +369,8 @@ class Checkpointer:
         elif rng:
             log.warning("hpctrain.ckpt: rank %d has no saved RNG state (saved with %d ranks); RNG left as is",
                         self.rank, manifest["world_size"])
-        self._comm.all_gather(None)  # quarantine renames (rank 0) are done before anyone returns
+        if quarantined:
+            self._comm.all_gather_ints([0])  # quarantine renames (rank 0) are done before anyone returns
         return RestoreResult(
             step=s, path=path, data_state=manifest.get("data_state"), extra=extra,
             saved_world_size=manifest["world_size"], world_size=self.world_size, run_id=manifest.get("run_id", ""),
