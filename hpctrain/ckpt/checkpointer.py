@@ -310,7 +310,10 @@ class Checkpointer:
             crc = 0
             check = self.config.verify_checksums and i % self.world_size == self.rank % n
             with open(path / s["file"], "rb", buffering=0) as f:
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                try:
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                except (OSError, AttributeError):  # a hint only (not every kernel/sandbox has it)
+                    pass
                 for seg in segments:
                     _read_exact(f, seg, f"{path.name}/{s['file']}")
                     if check:
