@@ -1,0 +1,220 @@
+"""State trees <-> (JSON tree, tensors), the fully-parallel split of replicated tensors, RNG states."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import random
+import typing as tp
+
+import numpy as np
+import torch
+
+from hpctrain._errors import UsageError
+from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES
+
+__all__ = [
+    "flatten", "unflatten", "Piece", "split_replicated", "layout_hash", "capture_rng", "restore_rng",
+    "tensor_bytes", "dtype_name", "DTYPES", "Layout", "layout", "whole", "plan_offsets", "piece_view", "piece_bytes",
+]
+
+DTYPES: tp.Dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_SIZES if hasattr(torch, name)}
+
+
+def flatten(obj: tp.Any, path: str, tensors: tp.Dict[str, torch.Tensor]) -> tp.Any:
+    """JSON tree of ``obj`` with every tensor replaced by ``{"__tensor__": key}`` (key added to ``tensors``)."""
+    if isinstance(obj, torch.Tensor):
+        key = path
+        n = 1
+        while key in tensors:
+            n += 1
+            key = f"{path}#{n}"
+        tensors[key] = obj.detach() if obj.requires_grad else obj
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        ref = flatten(torch.from_numpy(np.ascontiguousarray(obj)).clone(), path, tensors)
+        ref["as"] = "numpy"
+        return ref
+    if isinstance(obj, (bool, int, float, str)) or obj is None:
+        return obj
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: flatten(v, f"{path}/{k}", tensors) for k, v in obj.items()}
+        return {"__dict__": [[flatten(k, f"{path}/key", {}), flatten(v, f"{path}/{k}", tensors)] for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return [flatten(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"__tuple__": [flatten(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]}
+    raise UsageError(
+        f"cannot checkpoint {path}: a {type(obj).__name__} is not a tensor or JSON value; "
+        "convert it to tensors/numbers/strings in state_dict() (hpctrain never pickles)"
+    )
+
+
+def unflatten(tree: tp.Any, tensors: tp.Mapping[str, torch.Tensor]) -> tp.Any:
+    if isinstance(tree, dict):
+        if "__tensor__" in tree:
+            t = tensors[tree["__tensor__"]]
+            return t.numpy() if tree.get("as") == "numpy" else t
+        if "__tuple__" in tree:
+            return tuple(unflatten(v, tensors) for v in tree["__tuple__"])
+        if "__dict__" in tree:
+            return {_hashable(unflatten(k, tensors)): unflatten(v, tensors) for k, v in tree["__dict__"]}
+        return {k: unflatten(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [unflatten(v, tensors) for v in tree]
+    return tree
+
+
+def _hashable(k: tp.Any) -> tp.Any:
+    return tuple(k) if isinstance(k, list) else k
+
+
+class Piece(tp.NamedTuple):
+    key: str
+    tensor: torch.Tensor  # the whole tensor
+    start: int  # element range of the flattened tensor
+    stop: int
+    dtype: str  # dtype name in the format
+    es: int  # element size
+
+
+_NAMES: tp.Dict[torch.dtype, tp.Tuple[str, int]] = {}
+
+
+def _dtype_info(dtype: torch.dtype) -> tp.Tuple[str, int]:
+    info = _NAMES.get(dtype)
+    if info is None:
+        name = str(dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise UsageError(f"cannot checkpoint tensors of dtype {dtype}; supported: {', '.join(DTYPES)}")
+        info = _NAMES[dtype] = (name, DTYPE_SIZES[name])
+    return info
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _dtype_info(dtype)[0]
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Layout(tp.NamedTuple):
+    """Per-tensor metadata computed once per save: (key, tensor, dtype name, element size, numel)."""
+
+    items: tp.List[tp.Tuple[str, torch.Tensor, str, int, int]]
+    total: int
+    digest: str
+
+
+def layout(tensors: tp.Mapping[str, torch.Tensor]) -> Layout:
+    items, total, sig = [], 0, []
+    for key, t in tensors.items():
+        name, es = _dtype_info(t.dtype)
+        n = t.numel()
+        items.append((key, t, name, es, n))
+        sig.append((key, name, tuple(t.shape)))
+        total += es * n
+    return Layout(items, total, hashlib.sha1(repr(sig).encode()).hexdigest())
+
+
+def layout_hash(tensors: tp.Mapping[str, torch.Tensor]) -> str:
+    return layout(tensors).digest
+
+
+def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], rank: int, world: int) -> tp.List[Piece]:
+    """This rank's share of replicated tensors: the concatenated byte stream cut into ``world`` equal
+    ranges at element boundaries (Megatron-style fully parallel save, without communication).
+    Zero-size tensors go to rank 0 so that every tensor has at least one entry."""
+    lay = tensors if isinstance(tensors, Layout) else layout(tensors)
+    lo, hi = lay.total * rank // world, lay.total * (rank + 1) // world
+    out: tp.List[Piece] = []
+    cum = 0
+    last = rank == world - 1
+    for key, t, name, es, n in lay.items:
+        nb = n * es
+        if n == 0:
+            if rank == 0:
+                out.append(Piece(key, t, 0, 0, name, es))
+            continue
+        if cum + nb > lo and cum < hi:
+            a = min(n, max(0, (lo - cum) // es))
+            b = n if last else min(n, max(0, (hi - cum) // es))
+            if b > a:
+                out.append(Piece(key, t, a, b, name, es))
+        cum += nb
+    return out
+
+
+def whole(tensors: tp.Mapping[str, torch.Tensor]) -> tp.List[Piece]:
+    return [Piece(k, t, 0, n, name, es) for k, t, name, es, n in layout(tensors).items]
+
+
+def plan_offsets(pieces: tp.Sequence[Piece]) -> tp.Tuple[tp.List[tp.Dict[str, tp.Any]], int]:
+    """Header entries with aligned offsets for ``pieces``, and the data size."""
+    entries, off = [], 0
+    for p in pieces:
+        nb = (p.stop - p.start) * p.es
+        entries.append({
+            "key": p.key, "dtype": p.dtype, "shape": list(p.tensor.shape),
+            "start": p.start, "stop": p.stop, "offset": off, "nbytes": nb,
+        })
+        off += (nb + ALIGN - 1) // ALIGN * ALIGN
+    return entries, off
+
+
+def piece_view(p: Piece) -> torch.Tensor:
+    """The piece as a 1-D contiguous tensor (a view when possible; CPU or device)."""
+    t = p.tensor
+    flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    return flat[p.start:p.stop]
+
+
+def piece_bytes(p: Piece) -> memoryview:
+    """The piece's bytes on the host without a copy when the tensor is a contiguous CPU tensor.
+
+    The memoryview points into the tensor's storage: ``p.tensor`` must stay alive (it does, in ``p``).
+    """
+    t = p.tensor
+    nb = (p.stop - p.start) * p.es
+    if nb == 0:
+        return memoryview(b"")
+    if t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+        return memoryview((ctypes.c_char * nb).from_address(t.data_ptr() + p.start * p.es)).cast("B")
+    v = piece_view(p).cpu()
+    return memoryview(v.view(torch.uint8).numpy())
+
+
+def capture_rng() -> tp.Dict[str, tp.Any]:
+    np_state = np.random.get_state()
+    state: tp.Dict[str, tp.Any] = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], [int(x) for x in np_state[1]], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: tp.Mapping[str, tp.Any]) -> tp.List[str]:
+    """Restore what can be restored; return the names of generators left untouched (and why)."""
+    skipped = []
+    if "python" in state:
+        v, internal, gauss = state["python"]
+        random.setstate((v, tuple(internal), gauss))
+    if "numpy" in state:
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"].to("cpu", torch.uint8).clone())
+    if "cuda" in state:
+        if torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
+            torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8).clone() for s in state["cuda"]])
+        else:
+            skipped.append("cuda (saved with %d devices, %d here)" % (
+                len(state["cuda"]), torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    return skipped

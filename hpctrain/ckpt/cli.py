@@ -1,0 +1,159 @@
+"""``python -m hpctrain ckpt ls|verify|gc|digest DIR``: login-node tools. Never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import typing as tp
+from pathlib import Path
+
+from hpctrain._errors import HpctrainError, UsageError
+from hpctrain.ckpt._format import FormatError, digest_dir, step_name, verify_dir
+from hpctrain.ckpt._scan import Entry, plan_retention, remove_dir, scan
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> tp.NoReturn:  # one line, exit 2, via the front door
+        raise UsageError(f"ckpt: {message} (see python -m hpctrain ckpt --help)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m hpctrain ckpt", description="List, verify, digest and clean hpctrain checkpoints.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    ls = sub.add_parser("ls", help="table of checkpoints: step, status, world size, bytes, time")
+    verify = sub.add_parser("verify", help="check sizes and checksums against the manifest (exit 1 if invalid)")
+    verify.add_argument("--step", type=int, help="only this step (default: every committed step)")
+    verify.add_argument("--no-checksums", action="store_true", help="sizes and headers only (fast)")
+    gc = sub.add_parser("gc", help="delete all but the newest K committed checkpoints and abandoned temporaries")
+    gc.add_argument("--keep", type=int, required=True, help="committed checkpoints to keep (>= 1)")
+    gc.add_argument("--keep-every", type=int, default=0, help="also keep steps that are multiples of N")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be deleted")
+    digest = sub.add_parser("digest", help="content hash per state entry, independent of the world size")
+    digest.add_argument("--step", type=int, help="default: newest committed step")
+    for sp in (ls, verify, gc, digest):
+        sp.add_argument("dir", type=Path, help="the checkpoint directory (CheckpointConfig.dir)")
+        sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    return p
+
+
+def _entries(root: Path) -> tp.List[Entry]:
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a directory; pass the checkpoint dir (CheckpointConfig.dir)")
+    return scan(root)
+
+
+def _pick(root: Path, step: tp.Optional[int]) -> Entry:
+    committed = [e for e in _entries(root) if e.status == "committed"]
+    if step is None:
+        if not committed:
+            raise HpctrainError(f"no committed checkpoint in {root}")
+        return committed[-1]
+    for e in committed:
+        if e.step == step:
+            return e
+    raise HpctrainError(
+        f"step {step} is not a committed checkpoint in {root}; committed: {[e.step for e in committed][-10:]}")
+
+
+def _ls(args: argparse.Namespace) -> int:
+    rows = []
+    for e in _entries(args.dir):
+        m = e.manifest or {}
+        rows.append({
+            "step": e.step, "status": e.status, "name": e.name, "world_size": m.get("world_size"),
+            "bytes": e.bytes, "time": e.mtime, "run_id": m.get("run_id", ""), "error": e.error,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"checkpoints in {args.dir}")
+    for col in ("step", "status", "world", "size", "time", "name"):
+        table.add_column(col, justify="right" if col in ("step", "world", "size") else "left")
+    colors = {"committed": "green", "abandoned": "yellow", "quarantined": "red", "incomplete": "red"}
+    for r in rows:
+        table.add_row(
+            str(r["step"]), f"[{colors.get(r['status'], 'white')}]{r['status']}[/]", str(r["world_size"] or "-"),
+            _human(r["bytes"]), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])), r["name"],
+        )
+    Console().print(table)
+    return 0
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    entries = _entries(args.dir)
+    if args.step is not None:
+        targets = [e for e in entries if e.step == args.step and e.status in ("committed", "incomplete")]
+        if not targets:
+            raise HpctrainError(f"no checkpoint for step {args.step} in {args.dir}")
+    else:
+        targets = [e for e in entries if e.status in ("committed", "incomplete")]
+        if not targets:
+            raise HpctrainError(f"no checkpoint to verify in {args.dir}")
+    results = []
+    for e in targets:
+        try:
+            verify_dir(e.path, checksums=not args.no_checksums)
+            results.append({"step": e.step, "name": e.name, "valid": True, "error": ""})
+        except FormatError as exc:
+            results.append({"step": e.step, "name": e.name, "valid": False, "error": str(exc)})
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            print(f"{r['name']}: {'OK' if r['valid'] else 'INVALID: ' + r['error']}")
+    return 0 if all(r["valid"] for r in results) else 1
+
+
+def _gc(args: argparse.Namespace) -> int:
+    if args.keep < 1:
+        raise UsageError(f"ckpt gc --keep must be >= 1 (the newest committed checkpoint is never deleted), got {args.keep}")
+    entries = _entries(args.dir)
+    doomed = plan_retention(entries, args.keep, args.keep_every)
+    doomed += [e for e in entries if e.status in ("abandoned", "deleting")]
+    if not args.dry_run:
+        for e in doomed:
+            remove_dir(e.path)
+    out = {"deleted" if not args.dry_run else "would_delete": [e.name for e in doomed],
+           "kept": [e.name for e in entries if e.status == "committed" and e not in doomed]}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for name in out.get("deleted", out.get("would_delete", [])):
+            print(("would delete " if args.dry_run else "deleted ") + name)
+        print(f"kept {len(out['kept'])} committed checkpoint(s)")
+    return 0
+
+
+def _digest(args: argparse.Namespace) -> int:
+    e = _pick(args.dir, args.step)
+    try:
+        digests = digest_dir(e.path)
+    except FormatError as exc:
+        raise HpctrainError(f"cannot digest {e.name}: {exc}") from None
+    if args.json:
+        print(json.dumps({"step": e.step, "name": e.name, "digests": digests}, indent=2))
+    else:
+        print(f"{step_name(e.step)}")
+        for k, v in digests.items():
+            print(f"  {k:<12} {v}")
+    return 0
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return {"ls": _ls, "verify": _verify, "gc": _gc, "digest": _digest}[args.cmd](args)

@@ -1,0 +1,102 @@
+"""Round trips on real processes (gloo on CPU): bit-exact state, N->M world sizes, async == sync."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hpctrain.ckpt._format import digest_dir
+from tests.ckpt import workers as w
+from tests.multiproc import run_world
+
+
+def test_single_process_round_trip_without_process_group(tmp_path):
+    assert w.save_steps(0, 1, str(tmp_path), [3]) == ["ok 3"]
+    got = w.restore_hash(0, 1, str(tmp_path))
+    assert got["step"] == 3 and got["hash"] == w.expected_hash(3)
+    assert got["data_state"] == {"epoch": 3, "samples": 300}
+    assert got["extra_note"] == "step 3" and got["extra_t"] == list(range(6))
+    assert got["run_id"] == "run-abc" and got["rng_restored"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_multi_rank_round_trip_is_bit_exact_on_every_rank(tmp_path, world):
+    run_world(w.save_steps, world, str(tmp_path), [1, 2])
+    shards = sorted(p.name for p in (tmp_path / "step-000000002").iterdir())
+    assert shards == ["MANIFEST.json"] + [f"rank-{r:05d}-of-{world:05d}.shard" for r in range(world)]
+    sizes = [(tmp_path / "step-000000002" / s).stat().st_size for s in shards[1:]]
+    assert max(sizes) < 0.6 * sum(sizes)  # replicated state is split, not written by one rank
+    res = run_world(w.restore_hash, world, str(tmp_path)).results
+    assert {r["hash"] for r in res} == {w.expected_hash(2)}
+    assert all(r["step"] == 2 and r["data_state"] == {"epoch": 2, "samples": 200} and r["rng_restored"] for r in res)
+
+
+def test_world_size_change_n_to_m_and_digest_is_world_size_independent(tmp_path):
+    d4, d1 = tmp_path / "w4", tmp_path / "w1"
+    run_world(w.save_steps, 4, str(d4), [7])
+    w.save_steps(0, 1, str(d1), [7])
+    # the same training state written by 4 ranks and by 1 rank digests equal, entry by entry
+    assert digest_dir(d4 / "step-000000007") == digest_dir(d1 / "step-000000007")
+    # 4 -> 2 ranks: model/optimizer reassembled; ranks 0,1 get their own RNG back
+    res = run_world(w.restore_hash, 2, str(d4)).results
+    assert [r["hash"] for r in res] == [w.expected_hash(7)] * 2
+    assert all(r["saved_world"] == 4 and r["rng_restored"] for r in res)
+    # 1 -> 2 ranks: rank 1 had no counterpart, its RNG is left as is (and says so)
+    res = run_world(w.restore_hash, 2, str(d1)).results
+    assert [r["hash"] for r in res] == [w.expected_hash(7)] * 2
+    assert [r["rng_restored"] for r in res] == [True, False]
+    assert all(r["data_state"] == {"epoch": 7, "samples": 700} for r in res)
+    # 4 -> 1 (a login node / no process group)
+    assert w.restore_hash(0, 1, str(d4))["hash"] == w.expected_hash(7)
+
+
+def test_async_save_equals_sync_save(tmp_path):
+    run_world(w.save_steps, 2, str(tmp_path / "sync"), [4], True)
+    run_world(w.save_steps, 2, str(tmp_path / "async"), [4], False)
+    assert digest_dir(tmp_path / "sync" / "step-000000004") == digest_dir(tmp_path / "async" / "step-000000004")
+    assert w.restore_hash(0, 1, str(tmp_path / "async"))["hash"] == w.expected_hash(4)
+
+
+def test_training_continues_bit_exactly_after_restore_ddp(tmp_path):
+    first, resumed = run_world(w.train_resume, 2, str(tmp_path), 6, 3).results[0]
+    assert first == resumed
+
+
+def test_training_continues_bit_exactly_after_restore_single(tmp_path):
+    first, resumed = w.train_resume(0, 1, str(tmp_path), 6, 3)
+    assert first == resumed
+
+
+def test_resaving_a_committed_step_replaces_it_without_writing_into_it(tmp_path):
+    from hpctrain.ckpt import Checkpointer
+
+    ck = Checkpointer(w.cfg(str(tmp_path)))
+    m1, o1, _ = w.build(1)
+    first = ck.save(5, model=m1, optimizer=o1)
+    inode = first.stat().st_ino
+    m2, o2, _ = w.build(2)
+    second = ck.save(5, model=m2, optimizer=o2)
+    ck.join_gc()
+    ck.close()
+    assert second == first and second.stat().st_ino != inode  # a fresh directory, renamed into place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step-000000005"]
+    m3, o3, _ = w.build(9, 0)
+    assert Checkpointer(w.cfg(str(tmp_path))).restore(model=m3, optimizer=o3).step == 5
+    assert w.state_hash(m3, o3) == w.state_hash(m2, o2)
+
+
+def test_lustre_striping_runs_lfs_on_the_new_directory_when_configured(tmp_path, monkeypatch):
+    from hpctrain.ckpt import Checkpointer
+
+    bindir, log = tmp_path / "bin", tmp_path / "lfs.log"
+    bindir.mkdir()
+    (bindir / "lfs").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    (bindir / "lfs").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    model, opt, _ = w.build(1)
+    Checkpointer(w.cfg(str(tmp_path / "ck"))).save(1, model=model)  # off by default: lfs not called
+    assert not log.exists()
+    Checkpointer(w.cfg(str(tmp_path / "ck"), lustre_stripe=("-c", "-1", "-S", "16M"))).save(2, model=model)
+    args = log.read_text().split()
+    assert args[:5] == ["setstripe", "-c", "-1", "-S", "16M"] and ".tmp-" in args[5]
