@@ -26,21 +26,8 @@ import typing as tp
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
-
-
-class Holder:
-    def __init__(self, sd: tp.Dict[str, tp.Any], copy_into: bool) -> None:
-        self.sd, self.copy_into = sd, copy_into
-
-    def state_dict(self) -> tp.Dict[str, tp.Any]:
-        return self.sd
-
-    def load_state_dict(self, sd: tp.Dict[str, tp.Any], strict: bool = True) -> None:
-        if self.copy_into:
-            for k, v in sd.items():
-                self.sd[k].copy_(v)
-        else:
-            self.sd = sd
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_checkpoint import Holder  # noqa: E402  (state_dict holders shared with the CPU benchmark)
 
 
 def make_state(size_gb: float, device: str) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, tp.Any]]:
