@@ -33,7 +33,7 @@ from hpctrain.data.metrics import LoaderMetrics, StepMetrics
 __all__ = ["H5Loader", "STATE_FORMAT"]
 
 STATE_FORMAT = "hpctrain.data/1"
-_TASK_WINDOWS = 4.0  # a task spans this many shuffle windows per partition: read amplification ≈ 1 + 1/this
+_TASK_WINDOWS = 8.0  # a task spans this many shuffle windows per partition: read amplification ≈ 1 + 1/this
 _SLOT_BUDGET = 512 << 20  # at most this much shared memory for ready/in-flight batches per rank
 
 
