@@ -33,7 +33,8 @@ def slurm_parameters(cfg: SubmitConfig) -> tp.Dict[str, tp.Any]:
         "additional_parameters": {"requeue": True},
     }
     if cfg.gpus_per_node:
-        params["gpus_per_node"] = cfg.gpus_per_node
+        # --gres=gpu:N works with select/cons_res and cons_tres alike (--gpus-per-node needs cons_tres).
+        params["gres"] = f"gpu:{cfg.gpus_per_node}"
     for name in ("cpus_per_task", "partition", "account", "qos", "constraint"):
         value = getattr(cfg, name)
         if value is not None:

@@ -33,7 +33,7 @@ def test_sbatch_matches_golden_file():
 
 def test_gpu_job_requests_gpus_and_one_task_per_gpu():
     text = render_sbatch(golden_config(), folder="/f", python="py")
-    assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --ntasks-per-node=4" in text
+    assert "#SBATCH --gres=gpu:4" in text and "#SBATCH --ntasks-per-node=4" in text
     assert "#SBATCH --requeue" in text and "#SBATCH --signal=USR2@120" in text and "#SBATCH --time=1440" in text
 
 
