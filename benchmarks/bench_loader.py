@@ -241,6 +241,13 @@ def _rss_in_child(path: str, batch: int, workers: int, batches: int) -> int:
     return int(out.stdout.split()[-1])
 
 
+def _inflater() -> str:
+    """Which inflate hpctrain's gzip path uses: 'isal' (pip install 'hpctrain[fast]') or 'zlib'."""
+    from hpctrain.data._h5 import INFLATER
+
+    return INFLATER
+
+
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=float, default=256.0, help="dataset size per variant (default 256)")
@@ -257,7 +264,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     n = max(args.batch * 4, int(args.size_mb * 2**20 / SAMPLE_BYTES))
     tmp = tempfile.mkdtemp(prefix="hpctrain-bench-", dir=args.dir)
     out: tp.Dict[str, tp.Any] = {"samples": n, "size_mb": n * SAMPLE_BYTES / 2**20, "workers": args.workers,
-                                 "batch": args.batch, "cpus": os.cpu_count()}
+                                 "batch": args.batch, "cpus": os.cpu_count(),
+                                 "inflater": _inflater()}
     try:
         t0 = time.perf_counter()
         plain = make_dataset(os.path.join(tmp, "plain.h5"), n, shape=SHAPE)
