@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import shutil
 import sys
 import typing as tp
@@ -133,7 +134,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
 
     slurm = slurm or SlurmCommands()
     if cluster == "slurm":
-        names, default = slurm.partitions()
+        names, _ = slurm.partitions()
         if cfg.partition is not None and cfg.partition not in names:
             raise UsageError(f"--partition {cfg.partition!r} does not exist on this cluster; sinfo lists: {', '.join(names)}")
     backend.check_entry_imports(cfg.entry)
@@ -144,24 +145,27 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
 
 def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, console: tp.Any) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from hpctrain.submit.follow import follow
 
     console = console or Console(highlight=False, soft_wrap=True)
+    name = escape(cfg.job_name)  # user text: "[x]" in a name or path is not rich markup
     what = f"{cfg.nodes} node(s) × {cfg.ntasks_per_node} task(s)" + (f", {cfg.gpus_per_node} GPU(s)/node (nccl)" if cfg.gpus_per_node else ", CPU (gloo)")
     if sub.cluster == "slurm":
         state = slurm.job_state(sub.job_id)
-        console.print(f"[bold green]Submitted job {sub.job_id}[/] ({cfg.job_name}) to Slurm: {what}, limit {format_time(cfg.time_min * 60)}")
+        console.print(f"[bold green]Submitted job {sub.job_id}[/] ({name}) to Slurm: {what}, limit {format_time(cfg.time_min * 60)}")
         why = f", reason {state.reason}" if state.reason else ""
         console.print(f"  state   : {state.state} ({state.source or 'not yet visible'}{why})")
         if state.reason in NEVER_STARTS:
             console.print(f"  [bold yellow]warning[/]: Slurm says {state.reason}: this job cannot start as requested (check --nodes/--partition/--time against sinfo)")
     else:
-        console.print(f"[bold green]Running job {sub.job_id}[/] ({cfg.job_name}) locally: {cfg.world_size} process(es), {what}")
-    console.print(f"  run dir : {sub.run_dir}")
-    console.print(f"  logs    : {sub.log_path(0)} (rank 0); {sub.run_dir / 'logs'}/{sub.job_id}_<rank>_log.{{out,err}}")
+        console.print(f"[bold green]Running job {sub.job_id}[/] ({name}) locally: {cfg.world_size} process(es), {what}")
+    console.print(f"  run dir : {escape(str(sub.run_dir))}")
+    console.print(f"  logs    : {escape(str(sub.log_path(0)))} (rank 0); "
+                  f"{escape(str(sub.run_dir / 'logs'))}/{sub.job_id}_<rank>_log.{{out,err}}")
     if sub.cluster == "slurm":
-        console.print(f"  follow  : tail -f {sub.log_path(0)}   ·   squeue -j {sub.job_id}")
+        console.print(f"  follow  : tail -f {escape(shlex.quote(str(sub.log_path(0))))}   ·   squeue -j {sub.job_id}")
         console.print(f"  cancel  : scancel {sub.job_id}")
     if sub.cluster == "local":
         # A local job is a child of this process: stay with it until it ends.
@@ -171,7 +175,7 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
     else:
         return 0
     ok = final.state == "COMPLETED"
-    console.print(f"job {sub.job_id} ended {final.state}" + ("" if ok else f"; see {sub.log_path(0, 'err')}"))
+    console.print(f"job {sub.job_id} ended {final.state}" + ("" if ok else f"; see {escape(str(sub.log_path(0, 'err')))}"))
     return 0 if ok else 1
 
 

@@ -113,3 +113,21 @@ def test_local_cluster_runs_the_demo_with_the_same_number_of_processes(tmp_path)
     assert result["world_size"] == 2 and result["weights_in_sync"] and result["steps"] == 5
     record = json.loads((tmp_path / "run" / "submission.json").read_text())
     assert record["cluster"] == "local" and record["state"] == "submitted" and record["config"]["nodes"] == 2
+
+
+def test_report_prints_names_with_brackets_literally(tmp_path):
+    from rich.console import Console
+
+    from hpctrain.submit.backend import Submission
+    from hpctrain.submit.config import SubmitConfig
+
+    fake = FakeSlurm()
+    fake.queue["12"] = ["PENDING"]
+    cfg = SubmitConfig(job_name="exp[/]1 [bold]x", entry="a:b")
+    run_dir = tmp_path / "run [red]dir"
+    sub = Submission(job=None, job_id="12", run_dir=run_dir, cluster="slurm", submitted_at=0.0)
+    console = Console(record=True, width=300)
+    assert cli._report(cfg, sub, fake, follow_job=False, console=console) == 0
+    out = console.export_text()
+    assert "(exp[/]1 [bold]x)" in out and f"run dir : {run_dir}" in out and "reason Priority" in out
+    assert f"tail -f '{run_dir}/logs/12_0_log.out'" in out
