@@ -71,9 +71,10 @@ def _ls(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"checkpoints in {args.dir}")
+    table = Table(title=f"checkpoints in {escape(str(args.dir))}")
     for col in ("step", "status", "world", "size", "time", "name"):
         table.add_column(col, justify="right" if col in ("step", "world", "size") else "left")
     colors = {"committed": "green", "abandoned": "yellow", "quarantined": "red", "incomplete": "red"}

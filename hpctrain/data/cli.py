@@ -84,6 +84,7 @@ def inspect_file(path: str, keys: tp.Optional[tp.Sequence[str]] = None) -> tp.Di
 
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -91,7 +92,7 @@ def _inspect(args: argparse.Namespace) -> int:
     code = 0
     for path in args.files:
         info = inspect_file(path, keys)
-        title = f"{path}  ({info['size'] / MiB:.1f} MiB" + (f", stripe {info['stripe']})" if info["stripe"] else ")")
+        title = f"{escape(str(path))}  ({info['size'] / MiB:.1f} MiB" + (f", stripe {info['stripe']})" if info["stripe"] else ")")
         table = Table(title=title, title_justify="left")
         for col in ("key", "shape", "dtype", "chunks", "chunk MiB", "compression"):
             table.add_column(col)
@@ -99,12 +100,12 @@ def _inspect(args: argparse.Namespace) -> int:
             comp = r["compression"] or "-"
             if r["compression_opts"] is not None:
                 comp += f" ({r['compression_opts']})"
-            table.add_row(r["key"], str(tuple(r["shape"])), r["dtype"],
+            table.add_row(escape(r["key"]), str(tuple(r["shape"])), r["dtype"],
                           str(tuple(r["chunks"])) if r["chunks"] else "contiguous",
                           f"{r['chunk_bytes'] / MiB:.3f}" if r["chunk_bytes"] else "-", comp)
         console.print(table)
         for w in info["warnings"]:
-            console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+            console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
     return code
 
 
@@ -115,8 +116,14 @@ def _synth(args: argparse.Namespace) -> int:
     if args.samples < 0:
         raise UsageError("data synth: --samples must be >= 0")
     comp = None if args.compression == "none" else args.compression
-    make_dataset(args.out, args.samples, shape=shape, dtype=args.dtype, chunk_samples=args.chunk_samples or None,
-                 compression=comp, level=args.level, seed=args.seed)
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(parent):
+        raise UsageError(f"data synth: {parent} is not a directory; create it first or choose another OUT")
+    try:
+        make_dataset(args.out, args.samples, shape=shape, dtype=args.dtype, chunk_samples=args.chunk_samples or None,
+                     compression=comp, level=args.level, seed=args.seed)
+    except OSError as exc:
+        raise UsageError(f"data synth: cannot write {args.out}: {exc.strerror or exc}") from None
     print(f"wrote {args.out}: {args.samples} samples of x{list(shape)} {args.dtype} + y int64, "
           f"{'chunk ' + str(args.chunk_samples or 64) if comp or args.chunk_samples else 'contiguous'}"
           f"{', ' + comp if comp else ''} ({os.path.getsize(args.out) / MiB:.1f} MiB)")

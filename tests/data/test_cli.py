@@ -79,3 +79,28 @@ def test_gpu_check_fails_cleanly_without_cuda(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_loader.py"), "--out", str(tmp_path)],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 3 and "CUDA" in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_synth_into_a_missing_directory_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "data", "synth", str(tmp_path / "no" / "d.h5"), "--samples", "10"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"hpctrain: error: data synth: {tmp_path / 'no'} is not a directory; create it first or choose another OUT"]
+
+
+def test_inspect_prints_bracketed_paths_literally(tmp_path):
+    import subprocess
+    import sys
+
+    from hpctrain.data import make_dataset
+
+    path = tmp_path / "run[red]1.h5"
+    make_dataset(path, 50, shape=(2,))
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "data", "inspect", str(path)], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, COLUMNS="400"))
+    assert proc.returncode == 0 and str(path) in proc.stdout
