@@ -126,7 +126,6 @@ class ShardPlan:
 
     header: bytes
     chunks: tp.List[tp.Tuple[int, memoryview]]  # (offset from data start, bytes)
-    data_bytes: int
     layout: str
     total_bytes: int  # all ranks together (for the free-space check)
 

@@ -92,7 +92,6 @@ def align(n: int) -> int:
 class ShardHeader(tp.NamedTuple):
     header: tp.Dict[str, tp.Any]
     data_start: int
-    file_size: int
 
 
 def encode_header(header: tp.Dict[str, tp.Any]) -> bytes:
@@ -144,7 +143,7 @@ def _parse_body(name: str, body: bytes, hlen: int, size: int) -> ShardHeader:
         raise FormatError(f"{name}: corrupt header ({exc})") from None
     data_start = align(_PREFIX.size + hlen)
     _check_entries(name, header, data_start, size)
-    return ShardHeader(header, data_start, size)
+    return ShardHeader(header, data_start)
 
 
 def _check_entries(name: str, header: tp.Any, data_start: int, size: int) -> None:

@@ -143,7 +143,7 @@ class Checkpointer:
         # sync and async alike: copy into the reused host arena (one memcpy, then one large write; on a GPU
         # the copy is the pinned device-to-host transfer) -- async returns right after this copy
         chunks = self._stager.stage(pieces, entries, data_size)
-        plan = ShardPlan(header_bytes, chunks, data_size, lay.digest, total)
+        plan = ShardPlan(header_bytes, chunks, lay.digest, total)
         manifest_extra = {
             "run_id": self.run_id, "data_state": data_state, "time": time.time(), "entries": sorted(trees),
             "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),

@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import os
 import shlex
-import shutil
 import sys
 import typing as tp
 from pathlib import Path
@@ -103,9 +102,11 @@ def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.
 
 
 def _resolve_cluster(cfg: SubmitConfig) -> str:
+    from hpctrain.submit.slurm import SlurmCommands
+
     if cfg.cluster != "auto":
         return cfg.cluster
-    return "slurm" if shutil.which("sbatch") else "local"
+    return "slurm" if SlurmCommands.available() else "local"
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, console: tp.Any = None) -> int:
