@@ -28,6 +28,21 @@ def sacct_state(job_id: str) -> str:
     return out[-1] if out else ""
 
 
+def sacct_job_name(job_id: str, timeout: float = 30) -> str:
+    """The job's name as accounting stores it.
+
+    When slurmdbd gets a step record before the job's own record it files a placeholder job named
+    "allocation" and fixes it when the job record arrives, so a name read right after the job ends can
+    still be the placeholder: wait for the real one.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        got = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName"], capture_output=True, text=True).stdout.strip()
+        if (got and got != "allocation") or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
 def wait_final(job_id: str, timeout: float = 180) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -87,8 +102,7 @@ def test_hostile_run_dir_and_job_name_run_without_injection(tmp_path):
     job_id = json.loads((run_dir / "submission.json").read_text())["job_id"]
     assert json.loads((run_dir / "demo_result.json").read_text())["steps"] == 2
     assert not list(tmp_path.rglob("PWNED")) and not (ROOT / "PWNED").exists()
-    got = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName"], capture_output=True, text=True).stdout.strip()
-    assert got == name.replace('"', "`")  # slurmdbd stores a double quote as a backtick
+    assert sacct_job_name(job_id) == name.replace('"', "`")  # slurmdbd stores a double quote as a backtick
 
 
 def test_unknown_partition_names_the_real_ones(tmp_path):
