@@ -9,9 +9,9 @@ import typing as tp
 
 import torch
 
-from hpctrain.ckpt._state import Piece, piece_view
+from hpctrain.ckpt._state import Piece, piece_bytes, piece_view
 
-__all__ = ["Stager", "Writer"]
+__all__ = ["Stager", "Writer", "direct_chunks"]
 
 log = logging.getLogger("hpctrain.ckpt")
 
@@ -54,6 +54,17 @@ class Stager:
 
     def release(self) -> None:
         self._arena = None
+
+
+def direct_chunks(pieces: tp.Sequence[Piece], entries: tp.Sequence[tp.Dict[str, tp.Any]], size: int
+                  ) -> tp.List[tp.Tuple[int, memoryview]]:
+    """The shard's data section as views of the tensors' own memory (no copy for contiguous CPU
+    tensors), laid out exactly as ``stage`` lays it out, trailing alignment padding included."""
+    chunks = [(e["offset"], piece_bytes(p)) for p, e in zip(pieces, entries) if e["nbytes"]]
+    end = chunks[-1][0] + chunks[-1][1].nbytes if chunks else 0
+    if size > end:
+        chunks.append((end, memoryview(bytes(size - end))))
+    return chunks
 
 
 def _lower_io_priority() -> None:

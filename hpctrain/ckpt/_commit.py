@@ -29,7 +29,6 @@ import threading
 import time
 import typing as tp
 import uuid
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import torch
 
 from hpctrain._atomic import atomic_write_json, atomic_write_text, fsync_dir
 from hpctrain._errors import HpctrainError
-from hpctrain.ckpt._format import FORMAT_VERSION, LATEST, MANIFEST, shard_name, step_name, tmp_name
+from hpctrain.ckpt._format import FORMAT_VERSION, LATEST, MANIFEST, crc32, shard_name, step_name, tmp_name
 
 __all__ = ["Comm", "fault", "FAULT_POINTS", "ShardPlan", "commit_save", "write_shard"]
 
@@ -178,7 +177,7 @@ def write_shard(path: Path, plan: ShardPlan, rank: int, stripe: tp.Sequence[str]
         syncer.start()
         crc = 0
         for part in crc_parts:
-            crc = zlib.crc32(part, crc)
+            crc = crc32(part, crc)
         syncer.join()
         if err:
             raise err[0]

@@ -33,10 +33,17 @@ import typing as tp
 import zlib
 from pathlib import Path
 
+try:  # ISA-L's crc32 is the same CRC (gzip polynomial) at ~4-5x zlib's speed; checksums stay compatible
+    from isal.isal_zlib import crc32
+    CRC32_IMPL = "isal"
+except ImportError:  # pragma: no cover - the [fast] extra is optional
+    crc32 = zlib.crc32
+    CRC32_IMPL = "zlib"
+
 __all__ = [
     "FORMAT_VERSION", "MAGIC", "MANIFEST", "LATEST", "DTYPE_SIZES", "ShardHeader", "FormatError",
     "shard_name", "step_name", "parse_header_bytes", "encode_header", "tmp_name", "quarantine_name", "parse_name", "read_header", "read_manifest",
-    "crc32_file", "verify_dir", "digest_dir", "ALIGN",
+    "crc32", "CRC32_IMPL", "crc32_file", "verify_dir", "digest_dir", "ALIGN",
 ]
 
 FORMAT_VERSION = 1
@@ -205,7 +212,7 @@ def crc32_file(path: tp.Union[str, os.PathLike], chunk: int = 16 << 20) -> int:
             n = f.readinto(buf)
             if not n:
                 return crc
-            crc = zlib.crc32(view[:n], crc)
+            crc = crc32(view[:n], crc)
 
 
 def verify_dir(ckpt_dir: tp.Union[str, os.PathLike], *, checksums: bool = True,

@@ -10,17 +10,16 @@ import socket
 import threading
 import time
 import typing as tp
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from hpctrain._errors import HpctrainError, UsageError
-from hpctrain.ckpt._async import Stager, Writer
+from hpctrain.ckpt._async import Stager, Writer, direct_chunks
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._format import (
-    DTYPE_SIZES, MAGIC, FormatError, encode_header, quarantine_name, read_header, read_manifest, step_name,
+    DTYPE_SIZES, MAGIC, FormatError, crc32, encode_header, quarantine_name, read_header, read_manifest, step_name,
 )
 from hpctrain.ckpt._scan import Deleter, plan_retention, remove_dir, scan
 from hpctrain.ckpt._state import (
@@ -140,9 +139,14 @@ class Checkpointer:
         header_bytes = encode_header(header)
         total = lay.total + self.world_size * (
             len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries))
-        # sync and async alike: copy into the reused host arena (one memcpy, then one large write; on a GPU
-        # the copy is the pinned device-to-host transfer) -- async returns right after this copy
-        chunks = self._stager.stage(pieces, entries, data_size)
+        if blocking and all(p.tensor.device.type == "cpu" for p in pieces):
+            # the caller waits for the commit, so nothing can change the tensors meanwhile: write them
+            # straight from their memory (small ones are coalesced by write_shard), no staging copy
+            chunks = direct_chunks(pieces, entries, data_size)
+        else:
+            # async (the caller goes on and may update the tensors) or on a GPU: copy into the reused host
+            # arena (pinned on a GPU) and write that; async returns right after this copy
+            chunks = self._stager.stage(pieces, entries, data_size)
         plan = ShardPlan(header_bytes, chunks, lay.digest, total)
         manifest_extra = {
             "run_id": self.run_id, "data_state": data_state, "time": time.time(), "entries": sorted(trees),
@@ -317,7 +321,7 @@ class Checkpointer:
                 for seg in segments:
                     _read_exact(f, seg, f"{path.name}/{s['file']}")
                     if check:
-                        crc = zlib.crc32(seg, crc)
+                        crc = crc32(seg, crc)
             if check and crc != s["crc32"]:
                 raise FormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
             if bytes(whole[: len(MAGIC)]) != MAGIC:

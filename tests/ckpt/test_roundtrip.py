@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hpctrain.ckpt._format import digest_dir
+from hpctrain.ckpt._format import digest_dir, read_header
 from tests.ckpt import workers as w
 from tests.multiproc import run_world
 
@@ -55,6 +55,18 @@ def test_async_save_equals_sync_save(tmp_path):
     run_world(w.save_steps, 2, str(tmp_path / "sync"), [4], True)
     run_world(w.save_steps, 2, str(tmp_path / "async"), [4], False)
     assert digest_dir(tmp_path / "sync" / "step-000000004") == digest_dir(tmp_path / "async" / "step-000000004")
+    # sync writes straight from the tensors, async from the staging arena: same layout, same bytes
+    # (the per-process RNG states differ between the two runs, so compare the training-state entries)
+    for shard in sorted((tmp_path / "sync" / "step-000000004").glob("*.shard")):
+        other = tmp_path / "async" / "step-000000004" / shard.name
+        hs, ha = read_header(shard), read_header(other)
+        assert hs.header["entries"] == ha.header["entries"]  # (the header's length varies with the RNG's JSON)
+        assert shard.stat().st_size - hs.data_start == other.stat().st_size - ha.data_start
+        bs, ba = shard.read_bytes(), other.read_bytes()
+        for e in hs.header["entries"]:
+            if not e["key"].startswith("local/"):
+                at, nb = e["offset"], e["nbytes"]
+                assert bs[hs.data_start + at:][:nb] == ba[ha.data_start + at:][:nb], (shard.name, e["key"])
     assert w.restore_hash(0, 1, str(tmp_path / "async"))["hash"] == w.expected_hash(4)
 
 
