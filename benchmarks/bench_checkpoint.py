@@ -270,6 +270,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p.add_argument("--settle-s", type=float, default=0.3, help="sync + pause before each timed phase")
     p.add_argument("--dir", type=Path, help="working directory on the filesystem to test (default: ./bench_out)")
     args = p.parse_args(argv)
+    from hpctrain.ckpt._format import CRC32_IMPL  # torch-free
+
     if args.size_mb <= 0 or args.world < 1 or args.repeat < 1:
         p.error("--size-mb must be > 0, --world >= 1 and --repeat >= 1")
     base = args.dir or Path("bench_out")
@@ -293,6 +295,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         gb = m["state_bytes"] / 1e9
         result = {
             "world": args.world, "size_mb": args.size_mb, "repeat": args.repeat, "state_bytes": m["state_bytes"],
+            "crc32": CRC32_IMPL,  # isal (the [fast] extra) or zlib: the checksum cost in save and restore
             "times_s": {k: round(v, 4) for k, v in m.items() if k.endswith("_s")},
             "throughput_GBps": {
                 "raw_write": gb / m["raw_write_s"], "hpctrain_save": gb / m["hp_save_s"],

@@ -286,8 +286,9 @@ class Checkpointer:
                 if e["key"].startswith("local/") and i != self.rank:
                     continue  # another rank's RNG state
                 pieces.setdefault(e["key"], []).append((e["start"], e["stop"], i, hdr.data_start + e["offset"], e))
+        where = path.name
         for key, ps in pieces.items():
-            _check_pieces(path.name, key, ps)
+            _check_pieces(where, key, ps)
         # tensors stored in several pieces get their final memory now; reads land there directly
         split = {k: torch.empty(_numel(ps[0][4]["shape"]), dtype=DTYPES[ps[0][4]["dtype"]])
                  for k, ps in pieces.items() if len(ps) > 1}
