@@ -184,7 +184,7 @@ def piece_bytes(p: Piece) -> memoryview:
         return memoryview(b"")
     if t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg():
         return memoryview((ctypes.c_char * nb).from_address(t.data_ptr() + p.start * p.es)).cast("B")
-    v = piece_view(p).cpu()
+    v = piece_view(p).resolve_conj().resolve_neg().cpu()  # conj/neg views: their values, not the raw bits
     return memoryview(v.view(torch.uint8).numpy())
 
 

@@ -20,6 +20,28 @@ def test_single_process_round_trip_without_process_group(tmp_path):
     assert got["run_id"] == "run-abc" and got["rng_restored"]
 
 
+@pytest.mark.parametrize("blocking", [True, False])
+def test_unusual_tensors_round_trip_by_value(tmp_path, blocking):
+    """Views whose bytes are not their values (conj/neg bits), non-contiguous and zero-size tensors:
+    the sync save writes from the tensors' memory, the async one from the staging copy; both must
+    store the values."""
+    import torch
+
+    from hpctrain.ckpt import CheckpointConfig, Checkpointer
+
+    z = torch.arange(6, dtype=torch.float32).view(torch.complex64)
+    state = {"conj": z.conj(), "neg": torch._neg_view(torch.arange(4.0)), "strided": torch.arange(12.0).view(3, 4).t(),
+             "empty": torch.zeros(0, 3), "bf16": torch.arange(5, dtype=torch.bfloat16)}
+    expect = {k: v.resolve_conj().resolve_neg().clone() for k, v in state.items()}
+    ck = Checkpointer(CheckpointConfig(dir=tmp_path))
+    ck.save(1, extra=state, blocking=blocking)
+    ck.close()
+    got = Checkpointer(CheckpointConfig(dir=tmp_path)).restore().extra
+    assert set(got) == set(expect)
+    for k, v in expect.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_multi_rank_round_trip_is_bit_exact_on_every_rank(tmp_path, world):
     run_world(w.save_steps, world, str(tmp_path), [1, 2])
