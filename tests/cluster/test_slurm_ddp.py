@@ -105,6 +105,28 @@ def test_hostile_run_dir_and_job_name_run_without_injection(tmp_path):
     assert sacct_job_name(job_id) == name.replace('"', "`")  # slurmdbd stores a double quote as a backtick
 
 
+def test_demo_on_hdf5_data_checkpoints_on_2_nodes_and_resumes_on_1(tmp_path):
+    """The pieces on the real cluster: HDF5 input, sharded checkpoints on the shared filesystem, and a
+    second job (another node count) that resumes mid-epoch from the first job's checkpoint."""
+    from hpctrain.data import make_dataset
+
+    data = make_dataset(tmp_path / "train.h5", 400, shape=(3, 8, 8), chunk_samples=32, compression="gzip")
+    ck = tmp_path / "ck"
+    demo = ["--data", data, "--batch-size", "32", "--workers", "1", "--ckpt-every", "3", "--ckpt-dir", str(ck)]
+    for nodes, steps, run in ((2, 7, "a"), (1, 10, "b")):
+        proc = submit(["--nodes", str(nodes), "--time", "5", "--entry", "hpctrain.examples.demo:main",
+                       "--run-dir", str(tmp_path / run), "--follow", "--", "--steps", str(steps), *demo])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    first = json.loads((tmp_path / "a" / "demo_result.json").read_text())
+    second = json.loads((tmp_path / "b" / "demo_result.json").read_text())
+    assert first["world_size"] == 2 and first["steps"] == 7 and first["resumed"] is None
+    assert second["world_size"] == 1 and second["resumed"]["step"] == 7 and second["resumed"]["saved_world_size"] == 2
+    assert second["steps_run"] == 3 and second["weights_in_sync"]
+    verify = subprocess.run([sys.executable, "-m", "hpctrain", "ckpt", "verify", str(ck), "--json"], cwd=ROOT, env=ENV,
+                            capture_output=True, text=True)
+    assert verify.returncode == 0 and [r["step"] for r in json.loads(verify.stdout)] == [9, 10]
+
+
 def test_unknown_partition_names_the_real_ones(tmp_path):
     proc = submit(["--partition", "nosuch", "--entry", "hpctrain.examples.demo:main", "--run-dir", str(tmp_path / "r")])
     assert proc.returncode == 2
