@@ -1,4 +1,5 @@
-"""Async save: host staging buffers reused across saves, one background writer, one save in flight."""
+"""Host staging for saves (a reused arena, or the tensors' own memory for a blocking CPU save) and the
+background writer of async saves: one save in flight."""
 
 from __future__ import annotations
 
