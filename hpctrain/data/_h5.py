@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import typing as tp
 from dataclasses import dataclass, field
@@ -72,8 +73,8 @@ class KeyInfo:
     here (ISA-L when installed) instead of through libhdf5's filter pipeline."""
 
     @property
-    def sample_bytes(self) -> int:
-        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.sample_shape, dtype=np.int64)))
+    def sample_bytes(self) -> int:  # on the read path for every block: plain ints, no numpy reduction
+        return np.dtype(self.dtype).itemsize * math.prod(int(d) for d in self.sample_shape)
 
 
 @dataclass
@@ -364,26 +365,33 @@ class Reader:
         sids = flat[order]
         first = np.ones(len(sids), dtype=bool)
         first[1:] = sids[1:] != sids[:-1]
-        blk = np.searchsorted(lay.block_starts, sids, side="right") - 1
-        cut = np.flatnonzero(np.diff(blk)) + 1
-        for grp in np.split(np.arange(len(sids)), cut):
-            grp = grp[first[grp]]
-            b = int(blk[grp[0]])
-            a0, b0 = int(lay.block_starts[b]), int(lay.block_starts[b + 1])
-            fidx = int(np.searchsorted(lay.file_starts, a0, side="right") - 1)
-            base = int(lay.file_starts[fidx])
+        # one group of distinct samples per block; per-block values as plain ints (the loop is Python)
+        u_ids, u_pos = sids[first], order[first]
+        u_blk = np.searchsorted(lay.block_starts, u_ids, side="right") - 1
+        bounds = np.flatnonzero(np.diff(u_blk)) + 1
+        g_start = np.concatenate([[0], bounds]).astype(np.int64)
+        g_stop = np.concatenate([bounds, [len(u_ids)]]).astype(np.int64)
+        blocks = u_blk[g_start]
+        a0s, b0s = lay.block_starts[blocks], lay.block_starts[blocks + 1]
+        fidxs = np.searchsorted(lay.file_starts, a0s, side="right") - 1
+        offsets = [lay.files[f].keys[key].offset for f in range(len(lay.files))]
+        file_starts = lay.file_starts.tolist()
+        dest.append(scratch)  # index -1: rows of a block that no batch needs
+        pick = dest.__getitem__
+        step = max(1, min(1024, (64 << 20) // sb))
+        for gs, ge, a0, b0, fidx in zip(g_start.tolist(), g_stop.tolist(), a0s.tolist(), b0s.tolist(), fidxs.tolist()):
             need = np.full(b0 - a0, -1, dtype=np.int64)
-            need[sids[grp] - a0] = order[grp]
-            iov = [dest[p] if p >= 0 else scratch for p in need.tolist()]
-            off = lay.files[fidx].keys[key].offset + (a0 - base) * sb  # type: ignore[operator]
-            step = max(1, min(1024, (64 << 20) // sb))
+            need[u_ids[gs:ge] - a0] = u_pos[gs:ge]
+            iov = list(map(pick, need.tolist()))
+            off = offsets[fidx] + (a0 - file_starts[fidx]) * sb  # type: ignore[operator]
+            fd = self._fd(fidx)
             for j in range(0, len(iov), step):
                 part = iov[j:j + step]
-                want = len(part) * sb
-                if os.preadv(self._fd(fidx), part, off + j * sb) != want:
+                if os.preadv(fd, part, off + j * sb) != len(part) * sb:
                     raise UsageError(f"{lay.files[fidx].path}: key {key!r}: file ends before the data does "
                                      f"(truncated?)")
             self.bytes_read += (b0 - a0) * sb
+        dest.pop()
         dups = np.flatnonzero(~first)
         if len(dups):  # padding repeats a sample: copy from its first occurrence
             src = np.flatnonzero(first)[np.searchsorted(np.flatnonzero(first), dups, side="right") - 1]
