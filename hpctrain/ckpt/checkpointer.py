@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hpctrain._errors import HpctrainError, UsageError
-from hpctrain.ckpt._async import Stager, Writer, direct_chunks
+from hpctrain.ckpt._async import DIRECT_MIN_BYTES, Stager, Writer
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._format import (
     DTYPE_SIZES, MAGIC, FormatError, crc32, encode_header, quarantine_name, read_header, read_manifest, step_name,
@@ -139,14 +139,10 @@ class Checkpointer:
         header_bytes = encode_header(header)
         total = lay.total + self.world_size * (
             len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries))
-        if blocking and all(p.tensor.device.type == "cpu" for p in pieces):
-            # the caller waits for the commit, so nothing can change the tensors meanwhile: write them
-            # straight from their memory (small ones are coalesced by write_shard), no staging copy
-            chunks = direct_chunks(pieces, entries, data_size)
-        else:
-            # async (the caller goes on and may update the tensors) or on a GPU: copy into the reused host
-            # arena (pinned on a GPU) and write that; async returns right after this copy
-            chunks = self._stager.stage(pieces, entries, data_size)
+        # async: copy everything into the reused host arena (pinned on a GPU) and return right after the
+        # copy; blocking: the caller waits for the commit, so large CPU tensors are written straight from
+        # their own memory and only the small ones are copied (coalesced into a few large writes)
+        chunks = self._stager.stage(pieces, entries, data_size, direct_min=DIRECT_MIN_BYTES if blocking else None)
         plan = ShardPlan(header_bytes, chunks, lay.digest, total)
         manifest_extra = {
             "run_id": self.run_id, "data_state": data_state, "time": time.time(), "entries": sorted(trees),

@@ -20,26 +20,35 @@ def test_single_process_round_trip_without_process_group(tmp_path):
     assert got["run_id"] == "run-abc" and got["rng_restored"]
 
 
-@pytest.mark.parametrize("blocking", [True, False])
-def test_unusual_tensors_round_trip_by_value(tmp_path, blocking):
-    """Views whose bytes are not their values (conj/neg bits), non-contiguous and zero-size tensors:
-    the sync save writes from the tensors' memory, the async one from the staging copy; both must
-    store the values."""
+def test_unusual_tensors_round_trip_by_value_and_sync_writes_what_async_writes(tmp_path):
+    """Views whose bytes are not their values (conj/neg bits), non-contiguous, zero-size and large
+    tensors between small ones: a sync save writes large CPU tensors straight from their memory and
+    copies the rest into the arena, an async save copies everything; both store the values, in the
+    same bytes."""
     import torch
 
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
 
     z = torch.arange(6, dtype=torch.float32).view(torch.complex64)
     state = {"conj": z.conj(), "neg": torch._neg_view(torch.arange(4.0)), "strided": torch.arange(12.0).view(3, 4).t(),
-             "empty": torch.zeros(0, 3), "bf16": torch.arange(5, dtype=torch.bfloat16)}
+             "empty": torch.zeros(0, 3), "bf16": torch.arange(5, dtype=torch.bfloat16),
+             "big": torch.arange(100_003, dtype=torch.float32), "small_after_big": torch.arange(3.0),
+             "big_strided": torch.arange(300 * 300, dtype=torch.float32).view(300, 300).t(),
+             "big_neg": torch._neg_view(torch.arange(70_001, dtype=torch.float64))}
     expect = {k: v.resolve_conj().resolve_neg().clone() for k, v in state.items()}
-    ck = Checkpointer(CheckpointConfig(dir=tmp_path))
-    ck.save(1, extra=state, blocking=blocking)
+    ck = Checkpointer(CheckpointConfig(dir=tmp_path, keep_last=5))
+    ck.save(1, extra=state, blocking=True)
+    ck.save(2, extra=state, blocking=False)
     ck.close()
-    got = Checkpointer(CheckpointConfig(dir=tmp_path)).restore().extra
-    assert set(got) == set(expect)
-    for k, v in expect.items():
-        assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+    for step in (1, 2):
+        got = Checkpointer(CheckpointConfig(dir=tmp_path)).restore(step=step).extra
+        assert set(got) == set(expect)
+        for k, v in expect.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), (step, k)
+    sync, async_ = (tmp_path / f"step-00000000{n}" / "rank-00000-of-00001.shard" for n in (1, 2))
+    hs, ha = read_header(sync), read_header(async_)
+    assert hs.header["entries"] == ha.header["entries"]
+    assert sync.read_bytes()[hs.data_start:] == async_.read_bytes()[ha.data_start:]
 
 
 @pytest.mark.parametrize("world", [2, 4])
