@@ -15,6 +15,7 @@ holds the same weights. Rank 0 writes ``demo_result.json`` in the run directory.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 import typing as tp
 from pathlib import Path
@@ -67,10 +68,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         loader = H5Loader(H5DataConfig(files=tuple(opts.data), keys=("x", "y"), seed=opts.seed,
                                        global_batch_size=opts.batch_size, num_workers=opts.workers),
                           rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
-        n_in = 1
-        for d in loader.layout.files[0].keys["x"].sample_shape:
-            n_in *= d
-        n_out = opts.classes
+        n_in, n_out = math.prod(loader.layout.files[0].keys["x"].sample_shape), opts.classes
     else:
         n_in = n_out = opts.dim
     target = torch.randn(opts.dim, opts.dim).to(ctx.device)
