@@ -13,7 +13,8 @@ Measured (all in the same run):
 * hpctrain: sync save, async save (blocking time; time until committed; second save = reused buffers),
   restore (cold page cache: the files are evicted with ``posix_fadvise(DONTNEED)`` after fsync);
 * floor for async staging: one in-memory copy of the whole state (preallocated ``copy_``);
-* peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full state on rank 0 + fsync.
+* peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full
+  state on rank 0 + fsync.
 
 Each figure is the best of ``--repeat`` rounds (3 by default: the machine may be shared), and every
 timed phase starts after ``sync`` and a short pause, so that no phase pays for the previous one's
@@ -51,11 +52,17 @@ def make_state(size_mb: float) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, tp
     for i in range(small_n):
         model[f"blocks.{i // 4}.small{i % 4}"] = torch.randn(small, generator=g)
     opt_state = {
-        i: {"step": torch.tensor(10.0), "exp_avg": torch.randn(t.shape, generator=g),
-            "exp_avg_sq": torch.rand(t.shape, generator=g)}
+        i: {
+            "step": torch.tensor(10.0),
+            "exp_avg": torch.randn(t.shape, generator=g),
+            "exp_avg_sq": torch.rand(t.shape, generator=g),
+        }
         for i, t in enumerate(model.values())
     }
-    optim = {"state": opt_state, "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": list(range(len(model)))}]}
+    optim = {
+        "state": opt_state,
+        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": list(range(len(model)))}],
+    }
     return model, optim
 
 
@@ -152,7 +159,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         fd = os.open(raw_dir / f"rank{rank}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         pending = bytearray()
         for p in mine:
-            view = memoryview(p.tensor.reshape(-1)[p.start:p.stop].view(torch.uint8).numpy())
+            view = memoryview(p.tensor.reshape(-1)[p.start : p.stop].view(torch.uint8).numpy())
             if view.nbytes < (256 << 10):
                 pending += view
                 continue
@@ -160,7 +167,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 os.write(fd, pending)
                 pending = bytearray()
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         if pending:
             os.write(fd, pending)
         os.fsync(fd)
@@ -222,10 +229,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         dist.barrier()
         keep_min("dcp_async_block_s", max(_gather(block, world)))
         keep_min("dcp_async_commit_s", time.perf_counter() - t0)
-        target = {"model": {k: torch.zeros_like(v) for k, v in model.items()},
-                  "optim": {"state": {i: {k: torch.zeros_like(v) for k, v in s.items()} for i, s in optim["state"].items()},
-                            "param_groups": optim["param_groups"]}}
-        timed("dcp_load_s", lambda: dcp.load(target, checkpoint_id=str(dcp_dir / f"sync{rep}")), before=lambda: evict(dcp_dir))
+        target = {
+            "model": {k: torch.zeros_like(v) for k, v in model.items()},
+            "optim": {
+                "state": {i: {k: torch.zeros_like(v) for k, v in s.items()} for i, s in optim["state"].items()},
+                "param_groups": optim["param_groups"],
+            },
+        }
+        timed(
+            "dcp_load_s",
+            lambda: dcp.load(target, checkpoint_id=str(dcp_dir / f"sync{rep}")),
+            before=lambda: evict(dcp_dir),
+        )
 
         def torch_save() -> None:
             if rank == 0:
@@ -294,13 +309,19 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         m = json.loads(out.read_text())
         gb = m["state_bytes"] / 1e9
         result = {
-            "world": args.world, "size_mb": args.size_mb, "repeat": args.repeat, "state_bytes": m["state_bytes"],
+            "world": args.world,
+            "size_mb": args.size_mb,
+            "repeat": args.repeat,
+            "state_bytes": m["state_bytes"],
             "crc32": CRC32_IMPL,  # isal (the [fast] extra) or zlib: the checksum cost in save and restore
             "times_s": {k: round(v, 4) for k, v in m.items() if k.endswith("_s")},
             "throughput_GBps": {
-                "raw_write": gb / m["raw_write_s"], "hpctrain_save": gb / m["hp_save_s"],
-                "dcp_save": gb / m["dcp_save_s"], "torch_save_rank0": gb / m["torch_save_s"],
-                "raw_read_per_rank": gb / m["raw_read_s"], "hpctrain_restore": gb / m["hp_restore_s"],
+                "raw_write": gb / m["raw_write_s"],
+                "hpctrain_save": gb / m["hp_save_s"],
+                "dcp_save": gb / m["dcp_save_s"],
+                "torch_save_rank0": gb / m["torch_save_s"],
+                "raw_read_per_rank": gb / m["raw_read_s"],
+                "hpctrain_restore": gb / m["hp_restore_s"],
                 "dcp_load": gb / m["dcp_load_s"],
             },
             "save_vs_raw": m["raw_write_s"] / m["hp_save_s"],

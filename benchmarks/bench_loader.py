@@ -60,7 +60,7 @@ def ceiling_pread(path: str, reps: int = 3) -> float:
             for off, size in regions:
                 pos = 0
                 while pos < size:
-                    pos += os.preadv(fd, [view[pos:min(size, pos + (8 << 20))]], off + pos)
+                    pos += os.preadv(fd, [view[pos : min(size, pos + (8 << 20))]], off + pos)
             best = max(best, n / (time.perf_counter() - t0))
     finally:
         os.close(fd)
@@ -120,8 +120,16 @@ def peer_rate(path: str, batch: int, workers: int, budget_s: float) -> float:
 
     ds = PerSampleH5(path)
     sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
-    dl = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, drop_last=True,
-                    multiprocessing_context="fork", persistent_workers=True, prefetch_factor=2)
+    dl = DataLoader(
+        ds,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        drop_last=True,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        prefetch_factor=2,
+    )
     next(iter(dl))  # start the workers; then time epochs 1, 2, ... from the first request
 
     def epochs(e: int) -> tp.Iterable[tp.Any]:
@@ -132,8 +140,9 @@ def peer_rate(path: str, batch: int, workers: int, budget_s: float) -> float:
 
 
 def loader_cfg(path: str, batch: int, workers: int) -> H5DataConfig:
-    return H5DataConfig(files=[path], keys=("x", "y"), global_batch_size=batch, seed=0, num_workers=workers,
-                        start_method="fork")
+    return H5DataConfig(
+        files=[path], keys=("x", "y"), global_batch_size=batch, seed=0, num_workers=workers, start_method="fork"
+    )
 
 
 def loader_rate(path: str, batch: int, workers: int, budget_s: float) -> tp.Tuple[float, tp.Dict[str, tp.Any]]:
@@ -187,8 +196,7 @@ def loader_peak_rss(path: str, batch: int, workers: int, batches: int) -> int:
     return peak[0]
 
 
-def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int, warmup: int = 25
-              ) -> tp.Dict[str, float]:
+def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int, warmup: int = 25) -> tp.Dict[str, float]:
     """Fraction of wall time a loop with a ``step_ms`` step spends blocked on data (epoch ends included)."""
 
     def forever(loader: H5Loader) -> tp.Iterator[tp.Any]:
@@ -205,13 +213,18 @@ def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int, w
             time.sleep(step_ms / 1000)
         loader.metrics.reset()
         t0 = time.perf_counter()
-        for done in range(1, steps + 1):
+        for _ in range(steps):
             next(it)
             time.sleep(step_ms / 1000)  # the "GPU" step: frees the CPU as an async CUDA step does
         total = time.perf_counter() - t0
-        return {"data_wait_frac": loader.metrics.total_wait_s / total, "step_ms": step_ms, "steps": steps,
-                "warmup_steps": warmup, "mean_queue_depth": loader.metrics.summary()["mean_queue_depth"],
-                "time_to_first_batch_s": first_batch_s}
+        return {
+            "data_wait_frac": loader.metrics.total_wait_s / total,
+            "step_ms": step_ms,
+            "steps": steps,
+            "warmup_steps": warmup,
+            "mean_queue_depth": loader.metrics.summary()["mean_queue_depth"],
+            "time_to_first_batch_s": first_batch_s,
+        }
 
 
 def mixing(path: str, batch: int) -> tp.Dict[str, float]:
@@ -223,20 +236,25 @@ def mixing(path: str, batch: int) -> tp.Dict[str, float]:
     ids = EpochOrder(lay.block_starts, 0, 0, cfg.window_chunks, True).ids(np.arange(lay.num_samples))
     blk = np.searchsorted(lay.block_starts, ids, side="right") - 1
     nb = len(ids) // batch
-    per_batch = [len(np.unique(blk[i * batch:(i + 1) * batch])) for i in range(nb)]
+    per_batch = [len(np.unique(blk[i * batch : (i + 1) * batch])) for i in range(nb)]
     pos = np.arange(len(ids))
-    return {"chunk_samples": float(np.diff(lay.block_starts).mean()), "window_chunks": cfg.window_chunks,
-            "distinct_chunks_per_batch": float(np.mean(per_batch)),
-            "adjacent_same_chunk_frac": float(np.mean(blk[1:] == blk[:-1])),
-            "spearman_position_vs_id": float(np.corrcoef(pos, ids)[0, 1])}
+    return {
+        "chunk_samples": float(np.diff(lay.block_starts).mean()),
+        "window_chunks": cfg.window_chunks,
+        "distinct_chunks_per_batch": float(np.mean(per_batch)),
+        "adjacent_same_chunk_frac": float(np.mean(blk[1:] == blk[:-1])),
+        "spearman_position_vs_id": float(np.corrcoef(pos, ids)[0, 1]),
+    }
 
 
 def _rss_in_child(path: str, batch: int, workers: int, batches: int) -> int:
     """Measure in a fresh interpreter so dataset generation in this one does not pollute the figure."""
     import subprocess
 
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import bench_loader as b; print(b.loader_peak_rss({path!r}, {batch}, {workers}, {batches}))")
+    code = (
+        f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+        f"import bench_loader as b; print(b.loader_peak_rss({path!r}, {batch}, {workers}, {batches}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
@@ -254,23 +272,35 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--budget-s", type=float, default=20.0, help="max seconds per throughput measurement")
-    ap.add_argument("--rss-base-mb", type=float, default=None, help="1x size for the RSS check (default: "
-                                                                     "size-mb; 10x is written too)")
-    ap.add_argument("--step-ms", type=float, default=20.0, help="synthetic step (a sleep, like an async GPU "
-                                                                 "step) for the data-wait fraction")
+    ap.add_argument(
+        "--rss-base-mb",
+        type=float,
+        default=None,
+        help="1x size for the RSS check (default: size-mb; 10x is written too)",
+    )
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=20.0,
+        help="synthetic step (a sleep, like an async GPU step) for the data-wait fraction",
+    )
     ap.add_argument("--json", help="also write the JSON here")
     ap.add_argument("--dir", help="where to write the data (default: a temp dir, removed afterwards)")
     args = ap.parse_args(argv)
     n = max(args.batch * 4, int(args.size_mb * 2**20 / SAMPLE_BYTES))
     tmp = tempfile.mkdtemp(prefix="hpctrain-bench-", dir=args.dir)
-    out: tp.Dict[str, tp.Any] = {"samples": n, "size_mb": n * SAMPLE_BYTES / 2**20, "workers": args.workers,
-                                 "batch": args.batch, "cpus": os.cpu_count(),
-                                 "inflater": _inflater()}
+    out: tp.Dict[str, tp.Any] = {
+        "samples": n,
+        "size_mb": n * SAMPLE_BYTES / 2**20,
+        "workers": args.workers,
+        "batch": args.batch,
+        "cpus": os.cpu_count(),
+        "inflater": _inflater(),
+    }
     try:
         t0 = time.perf_counter()
         plain = make_dataset(os.path.join(tmp, "plain.h5"), n, shape=SHAPE)
-        gz = make_dataset(os.path.join(tmp, "gzip.h5"), n, shape=SHAPE, chunk_samples=64, compression="gzip",
-                          level=4)
+        gz = make_dataset(os.path.join(tmp, "gzip.h5"), n, shape=SHAPE, chunk_samples=64, compression="gzip", level=4)
         out["gzip_file_mb"] = os.path.getsize(gz) / 2**20
         out["generate_s"] = time.perf_counter() - t0
         for p in (plain, gz):
@@ -288,8 +318,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
             out[f"{name}_vs_ceiling"] = res[name]["hpctrain"] / res[name]["ceiling"]
             out[f"{name}_vs_peer"] = res[name]["hpctrain"] / res[name]["peer"]
         out["mixing"] = mixing(gz, args.batch)
-        waits = {"uncompressed": data_wait(plain, args.batch, args.workers, args.step_ms, steps=150),
-                 "gzip": data_wait(gz, args.batch, args.workers, args.step_ms, steps=150)}
+        waits = {
+            "uncompressed": data_wait(plain, args.batch, args.workers, args.step_ms, steps=150),
+            "gzip": data_wait(gz, args.batch, args.workers, args.step_ms, steps=150),
+        }
         out["data_wait_frac"] = waits["gzip"]["data_wait_frac"]  # the harder variant
         out["data_wait"] = waits
         # below ~200 MB an epoch is shorter than the prefetch window, so 1x would not fill the pipeline
@@ -299,8 +331,12 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         big = make_dataset(os.path.join(tmp, "rss10.h5"), nb * 10, shape=SHAPE, fill="fast")
         steps = 3 * (nb // args.batch)  # three epochs of the 1x data: every prefetch slot gets used
         rss1, rss10 = (_rss_in_child(p, args.batch, args.workers, steps) for p in (small, big))
-        out["rss_mb"] = {"1x": rss1 / 2**20, "10x": rss10 / 2**20, "base_data_mb": base_mb,
-                         "measure": "peak PSS of the loader process + workers, same batch count"}
+        out["rss_mb"] = {
+            "1x": rss1 / 2**20,
+            "10x": rss10 / 2**20,
+            "base_data_mb": base_mb,
+            "measure": "peak PSS of the loader process + workers, same batch count",
+        }
         out["rss_growth_10x"] = rss10 / rss1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

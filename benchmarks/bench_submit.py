@@ -66,9 +66,25 @@ def wait_job(job_id: str, timeout: float = 300) -> None:
 def hpctrain_startup(tmp: Path, i: int) -> float:
     run_dir = tmp / f"hp{i}"
     subprocess.run(
-        [sys.executable, "-m", "hpctrain.submit", "--nodes", "2", "--tasks-per-node", "2", "--time", "5",
-         "--entry", "tests.entries:allreduce_probe", "--run-dir", str(run_dir)],
-        cwd=ROOT, env=ENV, check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "hpctrain.submit",
+            "--nodes",
+            "2",
+            "--tasks-per-node",
+            "2",
+            "--time",
+            "5",
+            "--entry",
+            "tests.entries:allreduce_probe",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        check=True,
+        capture_output=True,
     )
     record = json.loads((run_dir / "submission.json").read_text())
     wait_job(record["job_id"])
@@ -86,7 +102,11 @@ def raw_startup(tmp: Path, i: int) -> float:
     t0 = time.time()
     job_id = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--time=5", f"--output={out}/log", str(script)],
-        cwd=ROOT, env=ENV, check=True, capture_output=True, text=True,
+        cwd=ROOT,
+        env=ENV,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     wait_job(job_id)
     joined = [json.loads(p.read_text())["joined_at"] for p in out.glob("rank-*.json")]
@@ -103,11 +123,19 @@ def main() -> int:
 
     py = sys.executable
     result: dict = {}
-    dry = wall([py, "-m", "hpctrain.submit", "--nodes", "8", "--entry", "hpctrain.examples.demo:main", "--dry-run"], args.repeats * 3)
+    dry = wall(
+        [py, "-m", "hpctrain.submit", "--nodes", "8", "--entry", "hpctrain.examples.demo:main", "--dry-run"],
+        args.repeats * 3,
+    )
     floor = wall([py, "-c", "pass"], args.repeats * 3)
     torch_import = wall([py, "-c", "import torch"], args.repeats)
-    result.update(dry_run_s=round(dry, 3), python_startup_s=round(floor, 3), torch_import_s=round(torch_import, 3),
-                  dry_run_vs_python_startup=round(dry / floor, 2), dry_run_vs_torch_import=round(dry / torch_import, 3))
+    result.update(
+        dry_run_s=round(dry, 3),
+        python_startup_s=round(floor, 3),
+        torch_import_s=round(torch_import, 3),
+        dry_run_vs_python_startup=round(dry / floor, 2),
+        dry_run_vs_torch_import=round(dry / torch_import, 3),
+    )
 
     if not args.no_cluster and shutil.which("sbatch"):
         hp, raw = [], []
@@ -116,9 +144,11 @@ def main() -> int:
                 hp.append(hpctrain_startup(Path(tmp), i))
                 raw.append(raw_startup(Path(tmp), i))
         result.update(
-            startup_hpctrain_s=round(statistics.median(hp), 2), startup_raw_sbatch_s=round(statistics.median(raw), 2),
+            startup_hpctrain_s=round(statistics.median(hp), 2),
+            startup_raw_sbatch_s=round(statistics.median(raw), 2),
             startup_vs_raw_sbatch=round(statistics.median(hp) / statistics.median(raw), 2),
-            startup_samples_hpctrain=[round(x, 2) for x in hp], startup_samples_raw=[round(x, 2) for x in raw],
+            startup_samples_hpctrain=[round(x, 2) for x in hp],
+            startup_samples_raw=[round(x, 2) for x in raw],
         )
     text = json.dumps(result, indent=2)
     print(text)

@@ -40,10 +40,17 @@ def make_state(size_gb: float, device: str) -> tp.Tuple[tp.Dict[str, tp.Any], tp
     model = {f"layers.{i}.weight": torch.randn(big, generator=g, device=device).to(torch.bfloat16) for i in range(8)}
     for i in range(1000):
         model[f"blocks.{i}.norm"] = torch.randn(small, generator=g, device=device).to(torch.bfloat16)
-    opt = {"state": {i: {"step": torch.tensor(5.0), "exp_avg": torch.randn(t.shape, generator=g, device=device),
-                         "exp_avg_sq": torch.rand(t.shape, generator=g, device=device)}
-                     for i, t in enumerate(list(model.values())[:8])},
-           "param_groups": [{"lr": 1e-4, "params": list(range(len(model)))}]}
+    opt = {
+        "state": {
+            i: {
+                "step": torch.tensor(5.0),
+                "exp_avg": torch.randn(t.shape, generator=g, device=device),
+                "exp_avg_sq": torch.rand(t.shape, generator=g, device=device),
+            }
+            for i, t in enumerate(list(model.values())[:8])
+        },
+        "param_groups": [{"lr": 1e-4, "params": list(range(len(model)))}],
+    }
     return model, opt
 
 
@@ -83,8 +90,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     nbytes = state_bytes(model) + state_bytes(opt)
     ck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=2))
     mh, oh = Holder(model, True), Holder(opt, False)
-    res: tp.Dict[str, tp.Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                                 "state_bytes": nbytes}
+    res: tp.Dict[str, tp.Any] = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "state_bytes": nbytes,
+    }
 
     t0 = time.perf_counter()
     ck.save(0, model=mh, optimizer=oh)  # the first save also allocates (pins) the host staging arena
@@ -111,16 +121,22 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     ck2.close()
     assert r is not None and r.step == 3
     exact = all(torch.equal(target[k], model[k]) for k in model)
-    exact = exact and all(torch.equal(oh2.sd["state"][i]["exp_avg"].cuda(), s["exp_avg"]) for i, s in opt["state"].items())
+    exact = exact and all(
+        torch.equal(oh2.sd["state"][i]["exp_avg"].cuda(), s["exp_avg"]) for i, s in opt["state"].items()
+    )
     res["restore_bit_exact"] = bool(exact)
     gb = nbytes / 1e9
-    res.update({
-        "async_block_vs_sync_save": res["async_block_s"] / res["sync_save_s"],
-        "async_first_block_vs_sync_save": res["async_first_block_s"] / res["sync_save_s"],
-        "d2h_staging_GBps": gb / res["async_block_s"], "sync_save_GBps": gb / res["sync_save_s"],
-        "restore_GBps": gb / res["restore_s"], "goal_async_block_le_10pct": res["async_block_s"] <= 0.1 * res["sync_save_s"],
-        "total_s": time.perf_counter() - t_start,
-    })
+    res.update(
+        {
+            "async_block_vs_sync_save": res["async_block_s"] / res["sync_save_s"],
+            "async_first_block_vs_sync_save": res["async_first_block_s"] / res["sync_save_s"],
+            "d2h_staging_GBps": gb / res["async_block_s"],
+            "sync_save_GBps": gb / res["sync_save_s"],
+            "restore_GBps": gb / res["restore_s"],
+            "goal_async_block_le_10pct": res["async_block_s"] <= 0.1 * res["sync_save_s"],
+            "total_s": time.perf_counter() - t_start,
+        }
+    )
     res = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}
     text = json.dumps(res, indent=2)
     print(text)

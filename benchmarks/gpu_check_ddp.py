@@ -32,16 +32,44 @@ def main() -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
-    summary: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
-    runs = {"probe": ("tests.entries:allreduce_probe", []), "demo": ("hpctrain.examples.demo:main", ["--steps", "100", "--hidden", "1024", "--dim", "256"])}
+    summary: dict = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    }
+    runs = {
+        "probe": ("tests.entries:allreduce_probe", []),
+        "demo": ("hpctrain.examples.demo:main", ["--steps", "100", "--hidden", "1024", "--dim", "256"]),
+    }
     ok = True
     for name, (entry, extra) in runs.items():
         run_dir = out / name
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "hpctrain.submit", "--cluster", "local", "--nodes", "1", "--gpus-per-node", "1",
-             "--time", "10", "--entry", entry, "--run-dir", str(run_dir), "--", *extra],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "hpctrain.submit",
+                "--cluster",
+                "local",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "1",
+                "--time",
+                "10",
+                "--entry",
+                entry,
+                "--run-dir",
+                str(run_dir),
+                "--",
+                *extra,
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         summary[f"{name}_exit"] = proc.returncode
         summary[f"{name}_wall_s"] = round(time.perf_counter() - t0, 2)
@@ -55,8 +83,13 @@ def main() -> int:
     demo_file = out / "demo" / "demo_result.json"
     if demo_file.exists():
         demo = json.loads(demo_file.read_text())
-        summary.update(demo_device=demo["device"], demo_backend=demo["backend"], demo_final_loss=demo["final_loss"],
-                       demo_seconds=round(demo["seconds"], 3), demo_weights_in_sync=demo["weights_in_sync"])
+        summary.update(
+            demo_device=demo["device"],
+            demo_backend=demo["backend"],
+            demo_final_loss=demo["final_loss"],
+            demo_seconds=round(demo["seconds"], 3),
+            demo_weights_in_sync=demo["weights_in_sync"],
+        )
         ok &= demo["device"] == "cuda:0" and demo["backend"] == "nccl" and demo["weights_in_sync"]
     ranks = list((out / "demo" / "ranks").glob("*/rank-0.json"))
     if ranks:

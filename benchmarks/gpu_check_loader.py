@@ -36,16 +36,24 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check_loader: error: CUDA is not available (torch.cuda.is_available() is False); run this on "
-              "a GPU node", file=sys.stderr)
+        print(
+            "gpu_check_loader: error: CUDA is not available (torch.cuda.is_available() is False); run this on "
+            "a GPU node",
+            file=sys.stderr,
+        )
         return 3
     from hpctrain.data import H5DataConfig, H5Loader, make_dataset
 
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda")
     tmp = tempfile.mkdtemp(prefix="hpctrain-gpucheck-", dir=args.out)
-    result: dict = {"device": torch.cuda.get_device_name(dev), "workers": args.workers, "batch": args.batch,
-                    "step_ms": args.step_ms, "cpus": os.cpu_count()}
+    result: dict = {
+        "device": torch.cuda.get_device_name(dev),
+        "workers": args.workers,
+        "batch": args.batch,
+        "step_ms": args.step_ms,
+        "cpus": os.cpu_count(),
+    }
     try:
         n = max(args.batch * 8, int(args.size_mb * 2**20 / (3 * 32 * 32 * 4 + 8)))
         t0 = time.perf_counter()
@@ -83,8 +91,14 @@ def main() -> int:
                 y = torch.tanh(y @ y * 1e-3)
             return y.sum() + x.float().mean()
 
-        cfg = H5DataConfig(files=[path], keys=("x", "y"), global_batch_size=args.batch, num_workers=args.workers,
-                           start_method="forkserver", pin_memory=True)
+        cfg = H5DataConfig(
+            files=[path],
+            keys=("x", "y"),
+            global_batch_size=args.batch,
+            num_workers=args.workers,
+            start_method="forkserver",
+            pin_memory=True,
+        )
         with H5Loader(cfg, rank=0, world_size=1, device=dev) as loader:
             it = iter(loader)
             step(next(it)["x"])  # warm-up: workers started, first task read
@@ -111,16 +125,18 @@ def main() -> int:
             waits = [max(0.0, drained[i].elapsed_time(ready[i + 1])) / 1000 for i in range(len(ready) - 1)]
             summary = loader.metrics.summary()
         sample_bytes = 3 * 32 * 32 * 4 + 8
-        result.update({
-            "steps": steps,
-            "samples_per_s": steps * args.batch / wall,
-            "h2d_delivered_gbps": steps * args.batch * sample_bytes / wall / 1e9,
-            "data_wait_frac_gpu": sum(waits) / gpu_total if gpu_total > 0 else 0.0,
-            "data_wait_ms_p50": sorted(waits)[len(waits) // 2] * 1000 if waits else 0.0,
-            "data_wait_frac_host": summary["data_wait_frac"],
-            "mean_queue_depth": summary["mean_queue_depth"],
-            "read_amplification": summary["read_amplification"],
-        })
+        result.update(
+            {
+                "steps": steps,
+                "samples_per_s": steps * args.batch / wall,
+                "h2d_delivered_gbps": steps * args.batch * sample_bytes / wall / 1e9,
+                "data_wait_frac_gpu": sum(waits) / gpu_total if gpu_total > 0 else 0.0,
+                "data_wait_ms_p50": sorted(waits)[len(waits) // 2] * 1000 if waits else 0.0,
+                "data_wait_frac_host": summary["data_wait_frac"],
+                "mean_queue_depth": summary["mean_queue_depth"],
+                "read_amplification": summary["read_amplification"],
+            }
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     text = json.dumps(result, indent=2)

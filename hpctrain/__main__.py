@@ -1,7 +1,8 @@
 """``python -m hpctrain <command> ...``: one front door for the login-node tools.
 
 Each command lives in its own module and is imported only when asked for, so that ``ckpt ls`` or
-``data inspect`` never pay for (or need) torch.
+``data inspect`` never pay for (or need) torch. Every command follows ``hpctrain._cli``: one error
+line ``hpctrain <command>: error: ...``, exit 0 ok / 1 failed check / 2 bad input, ``--json`` reports.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 import typing as tp
+
+from hpctrain._cli import EXIT_USAGE, run_main
 
 # command -> (module with ``main(argv) -> int``, one-line help)
 COMMANDS: tp.Dict[str, tp.Tuple[str, str]] = {
@@ -21,27 +24,26 @@ COMMANDS: tp.Dict[str, tp.Tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: python -m hpctrain <command> [args...]", "", "commands:"]
     lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "python -m hpctrain <command> --help for the command's own flags"]
     return "\n".join(lines)
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(_usage())
-        return 0 if args else 2
+        print(_usage(), file=sys.stdout if args else sys.stderr)
+        return 0 if args else EXIT_USAGE
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"hpctrain: error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    return run_main(module.main, name, rest)
 
 
 def run() -> None:
-    """Console-script entry: errors become one line on stderr and a non-zero exit."""
-    from hpctrain._errors import cli_entry
-
-    cli_entry(main, "hpctrain")
+    """Console-script entry (``hpctrain ...``)."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

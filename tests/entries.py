@@ -12,8 +12,8 @@ def allreduce_probe(ctx):
     import torch
     import torch.distributed as dist
 
-    from hpctrain.dist.process_group import wrap_ddp
     from hpctrain.launch.runner import _local_address
+    from hpctrain.runtime.process_group import wrap_ddp
 
     value = torch.tensor([float(ctx.rank + 1)])
     dist.all_reduce(value)
@@ -24,11 +24,21 @@ def allreduce_probe(ctx):
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     weights = [p.detach().flatten().tolist() for p in model.parameters()]
     record = {
-        "rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
-        "hostname": ctx.hostname, "address": _local_address(ctx.master_addr, ctx.master_port),
-        "reduced": value.item(), "weights": weights, "dist_rank": dist.get_rank(),
-        "dist_world": dist.get_world_size(), "backend": ctx.backend, "args": list(ctx.args),
-        "job_id": ctx.job_id, "master": f"{ctx.master_addr}:{ctx.master_port}", "time": time.time(),
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "local_rank": ctx.local_rank,
+        "node_rank": ctx.node_rank,
+        "hostname": ctx.hostname,
+        "address": _local_address(ctx.master_addr, ctx.master_port),
+        "reduced": value.item(),
+        "weights": weights,
+        "dist_rank": dist.get_rank(),
+        "dist_world": dist.get_world_size(),
+        "backend": ctx.backend,
+        "args": list(ctx.args),
+        "job_id": ctx.job_id,
+        "master": f"{ctx.master_addr}:{ctx.master_port}",
+        "time": time.time(),
     }
     (ctx.run_dir / "probe").mkdir(exist_ok=True)
     atomic_write_json(ctx.run_dir / "probe" / f"rank-{ctx.rank}.json", record)

@@ -39,8 +39,12 @@ class WorldResult:
 def _worker(fn, rank, world_size, port, out_dir, init_pg, env, args):  # pragma: no cover - child
     os.environ.update(env)
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_CPP_LOG_LEVEL="ERROR",
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCH_CPP_LOG_LEVEL="ERROR",
     )
     out = Path(out_dir) / f"rank{rank}.pkl"
     try:

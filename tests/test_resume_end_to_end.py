@@ -22,13 +22,14 @@ def _train(rank, world_size, files, ckpt_dir, out_dir, workers, stop_at):
 
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
     from hpctrain.data import H5DataConfig, H5Loader
-    from hpctrain.dist.process_group import wrap_ddp
+    from hpctrain.runtime.process_group import wrap_ddp
 
     torch.manual_seed(0)
     model = wrap_ddp(torch.nn.Linear(3 * 8 * 8, 10), torch.device("cpu"))
     optim = torch.optim.SGD(model.parameters(), lr=0.01)
-    cfg = H5DataConfig(files=files, keys=("x", "y"), global_batch_size=BATCH, seed=3, tail="drop",
-                       num_workers=workers, window_chunks=4)
+    cfg = H5DataConfig(
+        files=files, keys=("x", "y"), global_batch_size=BATCH, seed=3, tail="drop", num_workers=workers, window_chunks=4
+    )
     ckpt = Checkpointer(CheckpointConfig(dir=ckpt_dir, keep_last=2), run_id="e2e")
     restored = ckpt.restore(model=model.module, optimizer=optim)
     seen, step = [], 0
@@ -53,8 +54,12 @@ def _train(rank, world_size, files, ckpt_dir, out_dir, workers, stop_at):
     dist.all_gather_object(gathered, seen)
     if rank == 0:
         Path(out_dir, f"seen-w{world_size}.json").write_text(json.dumps(sorted(i for part in gathered for i in part)))
-    return {"step": step, "restored": None if restored is None else restored.step,
-            "saved_world": None if restored is None else restored.saved_world_size, "batches": total_batches}
+    return {
+        "step": step,
+        "restored": None if restored is None else restored.step,
+        "saved_world": None if restored is None else restored.saved_world_size,
+        "batches": total_batches,
+    }
 
 
 def test_stop_mid_epoch_on_2_ranks_resume_on_4_ranks_sees_every_sample_once(tmp_path):

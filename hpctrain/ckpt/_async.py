@@ -35,8 +35,13 @@ class Stager:
     def __init__(self) -> None:
         self._arena: tp.Optional[torch.Tensor] = None
 
-    def stage(self, pieces: tp.Sequence[Piece], entries: tp.Sequence[tp.Dict[str, tp.Any]], size: int,
-              direct_min: tp.Optional[int] = None) -> tp.List[tp.Tuple[int, memoryview]]:
+    def stage(
+        self,
+        pieces: tp.Sequence[Piece],
+        entries: tp.Sequence[tp.Dict[str, tp.Any]],
+        size: int,
+        direct_min: tp.Optional[int] = None,
+    ) -> tp.List[tp.Tuple[int, memoryview]]:
         """The data section as (offset, bytes) chunks that tile ``[0, size)`` in order."""
         on_gpu = any(p.tensor.device.type == "cuda" for p in pieces)
         if self._arena is None or self._arena.numel() < size or (on_gpu and not self._arena.is_pinned()):
@@ -62,7 +67,7 @@ class Stager:
                 elif plain:
                     ctypes.memmove(base + off, t.data_ptr() + p.start * p.es, nb)
                 else:
-                    arena[off: off + nb].view(t.dtype).copy_(piece_view(p), non_blocking=on_gpu)
+                    arena[off : off + nb].view(t.dtype).copy_(piece_view(p), non_blocking=on_gpu)
             pos = off + nb
         if size > pos:
             ctypes.memset(base + pos, 0, size - pos)

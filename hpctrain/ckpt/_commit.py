@@ -35,15 +35,21 @@ from pathlib import Path
 import torch
 
 from hpctrain._atomic import atomic_write_json, atomic_write_text, fsync_dir
-from hpctrain._errors import HpctrainError
 from hpctrain.ckpt._format import FORMAT_VERSION, LATEST, MANIFEST, crc32, shard_name, step_name, tmp_name
+from hpctrain.errors import HpctrainError
 
 __all__ = ["Comm", "fault", "FAULT_POINTS", "ShardPlan", "commit_save", "write_shard"]
 
 log = logging.getLogger("hpctrain.ckpt")
 
 FAULT_POINTS = (
-    "start", "before_write", "after_write", "after_fsync", "after_agree", "after_manifest", "after_rename",
+    "start",
+    "before_write",
+    "after_write",
+    "after_fsync",
+    "after_agree",
+    "after_manifest",
+    "after_rename",
     "after_latest",
 )
 FAULT_ENV = "HPCTRAIN_CKPT_FAULT"
@@ -210,14 +216,23 @@ def _space_error(root: Path, need: int, margin: float) -> str:
     st = os.statvfs(root)
     free = st.f_bavail * st.f_frsize
     if free < need * margin:
-        return (f"not enough free space in {root}: the checkpoint needs {need / 2**20:.1f} MiB "
-                f"(x{margin:g} margin), {free / 2**20:.1f} MiB free; free space or lower keep_last")
+        return (
+            f"not enough free space in {root}: the checkpoint needs {need / 2**20:.1f} MiB "
+            f"(x{margin:g} margin), {free / 2**20:.1f} MiB free; free space or lower keep_last"
+        )
     return ""
 
 
 def commit_save(
-    comm: Comm, root: Path, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any], *,
-    stripe: tp.Sequence[str] = (), check_free_space: bool = True, space_margin: float = 1.05,
+    comm: Comm,
+    root: Path,
+    step: int,
+    plan: ShardPlan,
+    manifest_extra: tp.Dict[str, tp.Any],
+    *,
+    stripe: tp.Sequence[str] = (),
+    check_free_space: bool = True,
+    space_margin: float = 1.05,
     aborted: tp.Callable[[], bool] = lambda: False,
 ) -> Path:
     """Run the whole protocol for this rank; return the committed directory or raise HpctrainError."""
@@ -255,7 +270,8 @@ def commit_save(
             shutil.rmtree(tmp, ignore_errors=True)
         raise HpctrainError(
             f"checkpoint step {step} not committed: ranks disagree on the save sequence "
-            f"(step, save count per rank: {[(r[5], r[4]) for r in results]}); call save() on every rank with the same step"
+            f"(step, save count per rank: {[(r[5], r[4]) for r in results]}); "
+            "call save() on every rank with the same step"
         )
     if len({r[3] for r in results}) > 1:
         if rank == 0:
@@ -264,7 +280,9 @@ def commit_save(
             f"checkpoint step {step} not committed: ranks hold differently shaped model/optimizer state; "
             "every rank must pass the same replicated state (DDP) to save()"
         )
-    shards = [{"file": shard_name(r, world), "rank": r, "bytes": res[1], "crc32": res[2]} for r, res in enumerate(results)]
+    shards = [
+        {"file": shard_name(r, world), "rank": r, "bytes": res[1], "crc32": res[2]} for r, res in enumerate(results)
+    ]
     fault("after_agree", rank)
     # -- phase 3: rank 0 publishes
     final = root / step_name(step)
@@ -274,8 +292,13 @@ def commit_save(
     elif rank == 0:
         try:
             manifest = {
-                "format": "hpctrain-ckpt", "format_version": FORMAT_VERSION, "step": step, "world_size": world,
-                "shards": shards, "torch": torch.__version__, **manifest_extra,
+                "format": "hpctrain-ckpt",
+                "format_version": FORMAT_VERSION,
+                "step": step,
+                "world_size": world,
+                "shards": shards,
+                "torch": torch.__version__,
+                **manifest_extra,
             }
             atomic_write_json(tmp / MANIFEST, manifest)
             fault("after_manifest", rank)

@@ -33,17 +33,39 @@ import typing as tp
 import zlib
 from pathlib import Path
 
+from hpctrain.errors import CheckpointFormatError
+
 try:  # ISA-L's crc32 is the same CRC (gzip polynomial) at ~4-5x zlib's speed; checksums stay compatible
     from isal.isal_zlib import crc32
+
     CRC32_IMPL = "isal"
 except ImportError:  # pragma: no cover - the [fast] extra is optional
     crc32 = zlib.crc32
     CRC32_IMPL = "zlib"
 
 __all__ = [
-    "FORMAT_VERSION", "MAGIC", "MANIFEST", "LATEST", "DTYPE_SIZES", "ShardHeader", "FormatError",
-    "shard_name", "step_name", "parse_header_bytes", "encode_header", "tmp_name", "quarantine_name", "parse_name", "read_header", "read_manifest",
-    "crc32", "CRC32_IMPL", "crc32_file", "verify_dir", "digest_dir", "ALIGN",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MANIFEST",
+    "LATEST",
+    "DTYPE_SIZES",
+    "ShardHeader",
+    "CheckpointFormatError",
+    "shard_name",
+    "step_name",
+    "parse_header_bytes",
+    "encode_header",
+    "tmp_name",
+    "quarantine_name",
+    "parse_name",
+    "read_header",
+    "read_manifest",
+    "crc32",
+    "CRC32_IMPL",
+    "crc32_file",
+    "verify_dir",
+    "digest_dir",
+    "ALIGN",
 ]
 
 FORMAT_VERSION = 1
@@ -56,16 +78,26 @@ _MAX_HEADER = 1 << 30
 
 # torch dtype name -> element size; the only dtypes a shard may name (anything else is rejected).
 DTYPE_SIZES: tp.Dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "complex64": 8,
+    "complex128": 16,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 
 _NAME = re.compile(r"^step-(\d{9,})(?:\.(tmp|quarantined|deleting)-([A-Za-z0-9_.-]+))?$")
-
-
-class FormatError(Exception):
-    """A checkpoint file or directory does not match the format; the message names the file."""
 
 
 def step_name(step: int) -> str:
@@ -109,22 +141,22 @@ def encode_header(header: tp.Dict[str, tp.Any]) -> bytes:
 
 
 def read_header(path: tp.Union[str, os.PathLike]) -> ShardHeader:
-    """Parse and bounds-check a shard header; raise :class:`FormatError` naming the file."""
+    """Parse and bounds-check a shard header; raise :class:`CheckpointFormatError` naming the file."""
     path = Path(path)
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
             prefix = f.read(_PREFIX.size)
             if len(prefix) < _PREFIX.size:
-                raise FormatError(f"{path.name}: truncated ({size} bytes, no header)")
+                raise CheckpointFormatError(f"{path.name}: truncated ({size} bytes, no header)")
             magic, hlen = _PREFIX.unpack(prefix)
             if magic != MAGIC:
-                raise FormatError(f"{path.name}: not an hpctrain shard (bad magic {magic[:8]!r})")
+                raise CheckpointFormatError(f"{path.name}: not an hpctrain shard (bad magic {magic[:8]!r})")
             if hlen > min(_MAX_HEADER, size):
-                raise FormatError(f"{path.name}: header length {hlen} exceeds file size {size}")
+                raise CheckpointFormatError(f"{path.name}: header length {hlen} exceeds file size {size}")
             body = f.read(hlen)
     except OSError as exc:
-        raise FormatError(f"{path.name}: cannot read: {exc.strerror or exc}") from None
+        raise CheckpointFormatError(f"{path.name}: cannot read: {exc.strerror or exc}") from None
     return _parse_body(path.name, body, hlen, size)
 
 
@@ -132,22 +164,22 @@ def parse_header_bytes(name: str, data: tp.Union[bytes, memoryview]) -> ShardHea
     """Like :func:`read_header` for a shard already read into memory."""
     size = len(data)
     if size < _PREFIX.size:
-        raise FormatError(f"{name}: truncated ({size} bytes, no header)")
+        raise CheckpointFormatError(f"{name}: truncated ({size} bytes, no header)")
     magic, hlen = _PREFIX.unpack(bytes(data[: _PREFIX.size]))
     if magic != MAGIC:
-        raise FormatError(f"{name}: not an hpctrain shard (bad magic {magic[:8]!r})")
+        raise CheckpointFormatError(f"{name}: not an hpctrain shard (bad magic {magic[:8]!r})")
     if hlen > min(_MAX_HEADER, size - _PREFIX.size):
-        raise FormatError(f"{name}: header length {hlen} exceeds file size {size}")
-    return _parse_body(name, bytes(data[_PREFIX.size: _PREFIX.size + hlen]), hlen, size)
+        raise CheckpointFormatError(f"{name}: header length {hlen} exceeds file size {size}")
+    return _parse_body(name, bytes(data[_PREFIX.size : _PREFIX.size + hlen]), hlen, size)
 
 
 def _parse_body(name: str, body: bytes, hlen: int, size: int) -> ShardHeader:
     if len(body) != hlen:
-        raise FormatError(f"{name}: truncated header")
+        raise CheckpointFormatError(f"{name}: truncated header")
     try:
         header = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{name}: corrupt header ({exc})") from None
+        raise CheckpointFormatError(f"{name}: corrupt header ({exc})") from None
     data_start = align(_PREFIX.size + hlen)
     _check_entries(name, header, data_start, size)
     return ShardHeader(header, data_start)
@@ -155,13 +187,13 @@ def _parse_body(name: str, body: bytes, hlen: int, size: int) -> ShardHeader:
 
 def _check_entries(name: str, header: tp.Any, data_start: int, size: int) -> None:
     if not isinstance(header, dict) or not isinstance(header.get("entries"), list):
-        raise FormatError(f"{name}: header has no entry list")
+        raise CheckpointFormatError(f"{name}: header has no entry list")
     for e in header["entries"]:
         try:
             dtype, shape, start, stop = e["dtype"], e["shape"], int(e["start"]), int(e["stop"])
             offset, nbytes = int(e["offset"]), int(e["nbytes"])
             if dtype not in DTYPE_SIZES:
-                raise FormatError(f"{name}: entry {e['key']!r} has unsupported dtype {dtype!r}")
+                raise CheckpointFormatError(f"{name}: entry {e['key']!r} has unsupported dtype {dtype!r}")
             numel = 1
             for d in shape:
                 if int(d) < 0:
@@ -170,36 +202,44 @@ def _check_entries(name: str, header: tp.Any, data_start: int, size: int) -> Non
             if not (0 <= start <= stop <= numel) or nbytes != (stop - start) * DTYPE_SIZES[dtype]:
                 raise ValueError
             if offset < 0 or offset % ALIGN or data_start + offset + nbytes > size:
-                raise FormatError(f"{name}: entry {e['key']!r} lies past the end of the file (truncated?)")
+                raise CheckpointFormatError(f"{name}: entry {e['key']!r} lies past the end of the file (truncated?)")
         except (KeyError, TypeError, ValueError):
-            raise FormatError(f"{name}: malformed entry {str(e)[:80]}") from None
+            raise CheckpointFormatError(f"{name}: malformed entry {str(e)[:80]}") from None
 
 
 def read_manifest(ckpt_dir: tp.Union[str, os.PathLike]) -> tp.Dict[str, tp.Any]:
-    """Load and validate ``MANIFEST.json``; raise :class:`FormatError` when it is missing or malformed."""
+    """Load and validate ``MANIFEST.json``; raise :class:`CheckpointFormatError` when it is missing or malformed."""
     path = Path(ckpt_dir) / MANIFEST
     try:
         manifest = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
-        raise FormatError(f"{Path(ckpt_dir).name}: no {MANIFEST} (never committed)") from None
+        raise CheckpointFormatError(f"{Path(ckpt_dir).name}: no {MANIFEST} (never committed)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{Path(ckpt_dir).name}/{MANIFEST}: unreadable ({exc})") from None
+        raise CheckpointFormatError(f"{Path(ckpt_dir).name}/{MANIFEST}: unreadable ({exc})") from None
     ok = (
-        isinstance(manifest, dict) and manifest.get("format") == "hpctrain-ckpt"
-        and isinstance(manifest.get("step"), int) and isinstance(manifest.get("world_size"), int)
-        and isinstance(manifest.get("shards"), list) and len(manifest["shards"]) == manifest["world_size"]
+        isinstance(manifest, dict)
+        and manifest.get("format") == "hpctrain-ckpt"
+        and isinstance(manifest.get("step"), int)
+        and isinstance(manifest.get("world_size"), int)
+        and isinstance(manifest.get("shards"), list)
+        and len(manifest["shards"]) == manifest["world_size"]
     )
     if not ok:
-        raise FormatError(f"{Path(ckpt_dir).name}/{MANIFEST}: malformed manifest")
+        raise CheckpointFormatError(f"{Path(ckpt_dir).name}/{MANIFEST}: malformed manifest")
     if manifest.get("format_version", 0) > FORMAT_VERSION:
-        raise FormatError(
+        raise CheckpointFormatError(
             f"{Path(ckpt_dir).name}: format version {manifest['format_version']} is newer than this hpctrain "
             f"({FORMAT_VERSION}); upgrade hpctrain"
         )
     for s in manifest["shards"]:
-        if not (isinstance(s, dict) and isinstance(s.get("file"), str) and "/" not in s["file"]
-                and isinstance(s.get("bytes"), int) and isinstance(s.get("crc32"), int)):
-            raise FormatError(f"{Path(ckpt_dir).name}/{MANIFEST}: malformed shard record {str(s)[:80]}")
+        if not (
+            isinstance(s, dict)
+            and isinstance(s.get("file"), str)
+            and "/" not in s["file"]
+            and isinstance(s.get("bytes"), int)
+            and isinstance(s.get("crc32"), int)
+        ):
+            raise CheckpointFormatError(f"{Path(ckpt_dir).name}/{MANIFEST}: malformed shard record {str(s)[:80]}")
     return manifest
 
 
@@ -215,9 +255,10 @@ def crc32_file(path: tp.Union[str, os.PathLike], chunk: int = 16 << 20) -> int:
             crc = crc32(view[:n], crc)
 
 
-def verify_dir(ckpt_dir: tp.Union[str, os.PathLike], *, checksums: bool = True,
-               only: tp.Optional[tp.Sequence[int]] = None) -> tp.Dict[str, tp.Any]:
-    """Check a checkpoint against its manifest; return the manifest or raise :class:`FormatError`.
+def verify_dir(
+    ckpt_dir: tp.Union[str, os.PathLike], *, checksums: bool = True, only: tp.Optional[tp.Sequence[int]] = None
+) -> tp.Dict[str, tp.Any]:
+    """Check a checkpoint against its manifest; return the manifest or raise :class:`CheckpointFormatError`.
 
     Sizes and headers are always checked; crc32 of every shard (or of shards ``only``) when ``checksums``.
     The error names the first bad file.
@@ -229,12 +270,14 @@ def verify_dir(ckpt_dir: tp.Union[str, os.PathLike], *, checksums: bool = True,
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            raise FormatError(f"{ckpt_dir.name}/{s['file']}: missing shard") from None
+            raise CheckpointFormatError(f"{ckpt_dir.name}/{s['file']}: missing shard") from None
         if size != s["bytes"]:
-            raise FormatError(f"{ckpt_dir.name}/{s['file']}: size {size} != {s['bytes']} in the manifest (truncated?)")
+            raise CheckpointFormatError(
+                f"{ckpt_dir.name}/{s['file']}: size {size} != {s['bytes']} in the manifest (truncated?)"
+            )
         if checksums and (only is None or i in only):
             if crc32_file(path) != s["crc32"]:
-                raise FormatError(f"{ckpt_dir.name}/{s['file']}: checksum mismatch (corrupted shard)")
+                raise CheckpointFormatError(f"{ckpt_dir.name}/{s['file']}: checksum mismatch (corrupted shard)")
         read_header(path)
     return manifest
 
@@ -276,7 +319,7 @@ def digest_dir(ckpt_dir: tp.Union[str, os.PathLike]) -> tp.Dict[str, str]:
             for key in keys:
                 ps = sorted(pieces.get(key, []), key=lambda p: p[0])
                 if not ps:
-                    raise FormatError(f"{ckpt_dir.name}: tensor {key!r} has no stored piece")
+                    raise CheckpointFormatError(f"{ckpt_dir.name}: tensor {key!r} has no stored piece")
                 e0 = ps[0][3]
                 h.update(json.dumps([e0["dtype"], e0["shape"]]).encode())
                 for _, i, off, e in ps:
@@ -285,7 +328,7 @@ def digest_dir(ckpt_dir: tp.Union[str, os.PathLike]) -> tp.Dict[str, str]:
                     while remaining:
                         chunk = files[i].read(min(remaining, 16 << 20))
                         if not chunk:
-                            raise FormatError(f"{ckpt_dir.name}: shard {i} truncated")
+                            raise CheckpointFormatError(f"{ckpt_dir.name}: shard {i} truncated")
                         h.update(chunk)
                         remaining -= len(chunk)
             out[name] = h.hexdigest()

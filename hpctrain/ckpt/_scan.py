@@ -12,7 +12,7 @@ import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.ckpt._format import MANIFEST, FormatError, parse_name, read_manifest
+from hpctrain.ckpt._format import MANIFEST, CheckpointFormatError, parse_name, read_manifest
 
 __all__ = ["Entry", "scan", "committed_steps", "plan_retention", "Deleter", "remove_dir"]
 
@@ -67,7 +67,7 @@ def scan(root: tp.Union[str, os.PathLike], *, read_manifests: bool = True) -> tp
             if read_manifests:
                 try:
                     entry.manifest = read_manifest(entry.path)
-                except FormatError as exc:
+                except CheckpointFormatError as exc:
                     entry.status, entry.error = "incomplete", str(exc)
             elif not (entry.path / MANIFEST).exists():
                 entry.status = "incomplete"

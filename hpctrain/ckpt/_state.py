@@ -10,12 +10,26 @@ import typing as tp
 import numpy as np
 import torch
 
-from hpctrain._errors import UsageError
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES
+from hpctrain.errors import UsageError
 
 __all__ = [
-    "flatten", "unflatten", "Piece", "split_replicated", "layout_hash", "capture_rng", "restore_rng",
-    "tensor_bytes", "dtype_name", "DTYPES", "Layout", "layout", "whole", "plan_offsets", "piece_view", "piece_bytes",
+    "flatten",
+    "unflatten",
+    "Piece",
+    "split_replicated",
+    "layout_hash",
+    "capture_rng",
+    "restore_rng",
+    "tensor_bytes",
+    "dtype_name",
+    "DTYPES",
+    "Layout",
+    "layout",
+    "whole",
+    "plan_offsets",
+    "piece_view",
+    "piece_bytes",
 ]
 
 DTYPES: tp.Dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_SIZES if hasattr(torch, name)}
@@ -42,7 +56,9 @@ def flatten(obj: tp.Any, path: str, tensors: tp.Dict[str, torch.Tensor]) -> tp.A
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
             return {k: flatten(v, f"{path}/{k}", tensors) for k, v in obj.items()}
-        return {"__dict__": [[flatten(k, f"{path}/key", {}), flatten(v, f"{path}/{k}", tensors)] for k, v in obj.items()]}
+        return {
+            "__dict__": [[flatten(k, f"{path}/key", {}), flatten(v, f"{path}/{k}", tensors)] for k, v in obj.items()]
+        }
     if isinstance(obj, list):
         return [flatten(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
@@ -158,10 +174,17 @@ def plan_offsets(pieces: tp.Sequence[Piece]) -> tp.Tuple[tp.List[tp.Dict[str, tp
     entries, off = [], 0
     for p in pieces:
         nb = (p.stop - p.start) * p.es
-        entries.append({
-            "key": p.key, "dtype": p.dtype, "shape": list(p.tensor.shape),
-            "start": p.start, "stop": p.stop, "offset": off, "nbytes": nb,
-        })
+        entries.append(
+            {
+                "key": p.key,
+                "dtype": p.dtype,
+                "shape": list(p.tensor.shape),
+                "start": p.start,
+                "stop": p.stop,
+                "offset": off,
+                "nbytes": nb,
+            }
+        )
         off += (nb + ALIGN - 1) // ALIGN * ALIGN
     return entries, off
 
@@ -170,7 +193,7 @@ def piece_view(p: Piece) -> torch.Tensor:
     """The piece as a 1-D contiguous tensor (a view when possible; CPU or device)."""
     t = p.tensor
     flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
-    return flat[p.start:p.stop]
+    return flat[p.start : p.stop]
 
 
 def piece_bytes(p: Piece) -> memoryview:
@@ -215,6 +238,8 @@ def restore_rng(state: tp.Mapping[str, tp.Any]) -> tp.List[str]:
         if torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
             torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8).clone() for s in state["cuda"]])
         else:
-            skipped.append("cuda (saved with %d devices, %d here)" % (
-                len(state["cuda"]), torch.cuda.device_count() if torch.cuda.is_available() else 0))
+            skipped.append(
+                "cuda (saved with %d devices, %d here)"
+                % (len(state["cuda"]), torch.cuda.device_count() if torch.cuda.is_available() else 0)
+            )
     return skipped

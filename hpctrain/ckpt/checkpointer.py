@@ -15,17 +15,33 @@ from pathlib import Path
 
 import torch
 
-from hpctrain._errors import HpctrainError, UsageError
 from hpctrain.ckpt._async import DIRECT_MIN_BYTES, Stager, Writer
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._format import (
-    DTYPE_SIZES, MAGIC, FormatError, crc32, encode_header, quarantine_name, read_header, read_manifest, step_name,
+    DTYPE_SIZES,
+    MAGIC,
+    CheckpointFormatError,
+    crc32,
+    encode_header,
+    quarantine_name,
+    read_header,
+    read_manifest,
+    step_name,
 )
 from hpctrain.ckpt._scan import Deleter, plan_retention, remove_dir, scan
 from hpctrain.ckpt._state import (
-    DTYPES, capture_rng, flatten, layout, plan_offsets, restore_rng, split_replicated, tensor_bytes,
-    unflatten, whole,
+    DTYPES,
+    capture_rng,
+    flatten,
+    layout,
+    plan_offsets,
+    restore_rng,
+    split_replicated,
+    tensor_bytes,
+    unflatten,
+    whole,
 )
+from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
 
@@ -68,7 +84,9 @@ class CheckpointConfig:
         if self.free_space_margin < 1.0:
             raise UsageError(f"CheckpointConfig.free_space_margin must be >= 1.0, got {self.free_space_margin}")
         if isinstance(self.lustre_stripe, str) or not all(isinstance(a, str) for a in self.lustre_stripe):
-            raise UsageError("CheckpointConfig.lustre_stripe must be a tuple of lfs setstripe arguments, e.g. ('-c', '-1')")
+            raise UsageError(
+                "CheckpointConfig.lustre_stripe must be a tuple of lfs setstripe arguments, e.g. ('-c', '-1')"
+            )
 
 
 @dataclass
@@ -107,8 +125,16 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
     def save(
-        self, step: int, *, model: tp.Any = None, optimizer: tp.Any = None, scheduler: tp.Any = None,
-        scaler: tp.Any = None, data_state: tp.Any = None, extra: tp.Any = None, blocking: bool = True,
+        self,
+        step: int,
+        *,
+        model: tp.Any = None,
+        optimizer: tp.Any = None,
+        scheduler: tp.Any = None,
+        scaler: tp.Any = None,
+        data_state: tp.Any = None,
+        extra: tp.Any = None,
+        blocking: bool = True,
     ) -> tp.Optional[Path]:
         """Checkpoint ``step``. Blocking: returns the committed dir. Non-blocking: returns None once the
         state is staged in host memory; the commit happens in the background (see :meth:`wait`)."""
@@ -119,7 +145,9 @@ class Checkpointer:
             data_state = json.loads(json.dumps(data_state, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise UsageError(f"save(data_state=...) must be JSON-serialisable: {exc}") from None
-        states = {n: o.state_dict() for n, o in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)) if o is not None}
+        states = {
+            n: o.state_dict() for n, o in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)) if o is not None
+        }
         if extra is not None:
             states["extra"] = extra
         tensors: tp.Dict[str, torch.Tensor] = {}
@@ -132,21 +160,30 @@ class Checkpointer:
         pieces += local_pieces
         entries, data_size = plan_offsets(pieces)
         header: tp.Dict[str, tp.Any] = {
-            "rank": self.rank, "world_size": self.world_size, "step": step, "entries": entries, "local": local_tree,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "step": step,
+            "entries": entries,
+            "local": local_tree,
         }
         if self.rank == 0:
             header["trees"] = trees
         header_bytes = encode_header(header)
         total = lay.total + self.world_size * (
-            len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries))
+            len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries)
+        )
         # async: copy everything into the reused host arena (pinned on a GPU) and return right after the
         # copy; blocking: the caller waits for the commit, so large CPU tensors are written straight from
         # their own memory and only the small ones are copied (coalesced into a few large writes)
         chunks = self._stager.stage(pieces, entries, data_size, direct_min=DIRECT_MIN_BYTES if blocking else None)
         plan = ShardPlan(header_bytes, chunks, lay.digest, total)
         manifest_extra = {
-            "run_id": self.run_id, "data_state": data_state, "time": time.time(), "entries": sorted(trees),
-            "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+            "run_id": self.run_id,
+            "data_state": data_state,
+            "time": time.time(),
+            "entries": sorted(trees),
+            "host": socket.gethostname(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
         }
         if blocking:
             return self._commit(step, plan, manifest_extra)
@@ -159,8 +196,15 @@ class Checkpointer:
     def _commit(self, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any]) -> Path:
         cfg = self.config
         final = commit_save(
-            self._comm, self.root, step, plan, manifest_extra, stripe=cfg.lustre_stripe,
-            check_free_space=cfg.check_free_space, space_margin=cfg.free_space_margin, aborted=self._abort.is_set,
+            self._comm,
+            self.root,
+            step,
+            plan,
+            manifest_extra,
+            stripe=cfg.lustre_stripe,
+            check_free_space=cfg.check_free_space,
+            space_margin=cfg.free_space_margin,
+            aborted=self._abort.is_set,
         )
         if self._deleter is not None:
             self._deleter.submit(self._retain)  # planned and done in the background: never delays a save
@@ -220,8 +264,15 @@ class Checkpointer:
 
     # --------------------------------------------------------------- restore
     def restore(
-        self, *, model: tp.Any = None, optimizer: tp.Any = None, scheduler: tp.Any = None, scaler: tp.Any = None,
-        step: tp.Optional[int] = None, map_location: tp.Union[str, torch.device] = "cpu", strict: bool = True,
+        self,
+        *,
+        model: tp.Any = None,
+        optimizer: tp.Any = None,
+        scheduler: tp.Any = None,
+        scaler: tp.Any = None,
+        step: tp.Optional[int] = None,
+        map_location: tp.Union[str, torch.device] = "cpu",
+        strict: bool = True,
         restore_rng: bool = True,
     ) -> tp.Optional[RestoreResult]:
         """Load the newest committed step that every rank sees and that verifies; None when there is none.
@@ -236,22 +287,26 @@ class Checkpointer:
         if step is not None:
             if step not in common:
                 raise HpctrainError(
-                    f"step {step} is not a committed checkpoint in {self.root} on every rank; committed: {common[:10]}")
+                    f"step {step} is not a committed checkpoint in {self.root} on every rank; committed: {common[:10]}"
+                )
             common = [step]
         quarantined: tp.List[int] = []
         for s in common:
             path = self.root / step_name(s)
             try:
                 loaded, err = self._load(path), ""
-            except (FormatError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            except (CheckpointFormatError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
                 loaded, err = None, f"rank {self.rank}: {exc}"
             ok = self._comm.all_gather_ints([0 if err else 1])
             errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
             if not errors:
                 assert loaded is not None
-                return self._apply(s, path, loaded, quarantined, model, optimizer, scheduler, scaler,
-                                   map_location, strict, restore_rng)
-            log.error("hpctrain.ckpt: CHECKPOINT STEP %d IS CORRUPT, quarantining it and falling back: %s", s, errors[0])
+                return self._apply(
+                    s, path, loaded, quarantined, model, optimizer, scheduler, scaler, map_location, strict, restore_rng
+                )
+            log.error(
+                "hpctrain.ckpt: CHECKPOINT STEP %d IS CORRUPT, quarantining it and falling back: %s", s, errors[0]
+            )
             if self.rank == 0:
                 stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
                 try:
@@ -266,7 +321,9 @@ class Checkpointer:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)
         return None
 
-    def _load(self, path: Path) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, torch.Tensor], tp.Any, tp.Dict[str, tp.Any]]:
+    def _load(
+        self, path: Path
+    ) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, torch.Tensor], tp.Any, tp.Dict[str, tp.Any]]:
         """Read and check every shard; tensors come back as views into the read buffers, except tensors
         split across shards, whose pieces are read straight into one tensor (no assembly copy)."""
         manifest = read_manifest(path)
@@ -274,7 +331,9 @@ class Checkpointer:
         for s in shards:  # sizes first: cheap, catches truncation and missing files before any big read
             size = (path / s["file"]).stat().st_size
             if size != s["bytes"]:
-                raise FormatError(f"{path.name}/{s['file']}: size {size} != {s['bytes']} in the manifest (truncated?)")
+                raise CheckpointFormatError(
+                    f"{path.name}/{s['file']}: size {size} != {s['bytes']} in the manifest (truncated?)"
+                )
         headers = [read_header(path / s["file"]) for s in shards]
         pieces: tp.Dict[str, tp.List[tp.Tuple[int, int, int, int, tp.Dict[str, tp.Any]]]] = {}
         for i, hdr in enumerate(headers):
@@ -286,8 +345,11 @@ class Checkpointer:
         for key, ps in pieces.items():
             _check_pieces(where, key, ps)
         # tensors stored in several pieces get their final memory now; reads land there directly
-        split = {k: torch.empty(_numel(ps[0][4]["shape"]), dtype=DTYPES[ps[0][4]["dtype"]])
-                 for k, ps in pieces.items() if len(ps) > 1}
+        split = {
+            k: torch.empty(_numel(ps[0][4]["shape"]), dtype=DTYPES[ps[0][4]["dtype"]])
+            for k, ps in pieces.items()
+            if len(ps) > 1
+        }
         direct: tp.List[tp.List[tp.Tuple[int, memoryview]]] = [[] for _ in shards]
         for k, out in split.items():
             base, es = out.data_ptr(), out.element_size()
@@ -320,9 +382,9 @@ class Checkpointer:
                     if check:
                         crc = crc32(seg, crc)
             if check and crc != s["crc32"]:
-                raise FormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
+                raise CheckpointFormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
             if bytes(whole[: len(MAGIC)]) != MAGIC:
-                raise FormatError(f"{path.name}/{s['file']}: not an hpctrain shard (changed while reading?)")
+                raise CheckpointFormatError(f"{path.name}/{s['file']}: not an hpctrain shard (changed while reading?)")
             bufs[i] = buf
         tensors: tp.Dict[str, torch.Tensor] = {}
         typed: tp.Dict[tp.Tuple[int, str], torch.Tensor] = {}
@@ -343,12 +405,24 @@ class Checkpointer:
             tensors[key] = torch.as_strided(tv, shape, strides[::-1], tv.storage_offset() + off // tv.element_size())
         trees = headers[0].header.get("trees")
         if not isinstance(trees, dict):
-            raise FormatError(f"{path.name}: shard 0 holds no state tree")
+            raise CheckpointFormatError(f"{path.name}: shard 0 holds no state tree")
         local_tree = headers[self.rank].header.get("local") if self.rank < n else None
         return trees, tensors, local_tree, manifest
 
-    def _apply(self, s: int, path: Path, loaded: tp.Any, quarantined: tp.List[int], model: tp.Any, optimizer: tp.Any,
-               scheduler: tp.Any, scaler: tp.Any, map_location: tp.Any, strict: bool, rng: bool) -> RestoreResult:
+    def _apply(
+        self,
+        s: int,
+        path: Path,
+        loaded: tp.Any,
+        quarantined: tp.List[int],
+        model: tp.Any,
+        optimizer: tp.Any,
+        scheduler: tp.Any,
+        scaler: tp.Any,
+        map_location: tp.Any,
+        strict: bool,
+        rng: bool,
+    ) -> RestoreResult:
         trees, tensors, local_tree, manifest = loaded
         for name, obj in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)):
             if obj is None:
@@ -360,10 +434,14 @@ class Checkpointer:
                 obj.load_state_dict(state, strict=strict) if name == "model" else obj.load_state_dict(state)
             except (RuntimeError, ValueError, KeyError) as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise HpctrainError(f"checkpoint step {s} does not fit the {name} passed to restore(): {first}") from exc
+                raise HpctrainError(
+                    f"checkpoint step {s} does not fit the {name} passed to restore(): {first}"
+                ) from exc
         extra = None
         if "extra" in trees:
-            extra = unflatten(trees["extra"], {k: v.to(map_location) for k, v in tensors.items() if k.startswith("extra")})
+            extra = unflatten(
+                trees["extra"], {k: v.to(map_location) for k, v in tensors.items() if k.startswith("extra")}
+            )
         rng_restored = False
         if rng and local_tree is not None and "rng" in local_tree:
             skipped = restore_rng(unflatten(local_tree["rng"], tensors))
@@ -371,14 +449,23 @@ class Checkpointer:
             for what in skipped:
                 log.warning("hpctrain.ckpt: RNG state not restored: %s", what)
         elif rng:
-            log.warning("hpctrain.ckpt: rank %d has no saved RNG state (saved with %d ranks); RNG left as is",
-                        self.rank, manifest["world_size"])
+            log.warning(
+                "hpctrain.ckpt: rank %d has no saved RNG state (saved with %d ranks); RNG left as is",
+                self.rank,
+                manifest["world_size"],
+            )
         if quarantined:
             self._comm.all_gather_ints([0])  # quarantine renames (rank 0) are done before anyone returns
         return RestoreResult(
-            step=s, path=path, data_state=manifest.get("data_state"), extra=extra,
-            saved_world_size=manifest["world_size"], world_size=self.world_size, run_id=manifest.get("run_id", ""),
-            rng_restored=rng_restored, quarantined=quarantined,
+            step=s,
+            path=path,
+            data_state=manifest.get("data_state"),
+            extra=extra,
+            saved_world_size=manifest["world_size"],
+            world_size=self.world_size,
+            run_id=manifest.get("run_id", ""),
+            rng_restored=rng_restored,
+            quarantined=quarantined,
         )
 
 
@@ -397,10 +484,12 @@ def _check_pieces(where: str, key: str, ps: tp.List[tp.Tuple[int, int, int, int,
     pos = 0
     for start, stop, _, _, e in ps:
         if start != pos or e["dtype"] != e0["dtype"] or e["shape"] != e0["shape"]:
-            raise FormatError(f"{where}: the stored pieces of tensor {key!r} do not fit together")
+            raise CheckpointFormatError(f"{where}: the stored pieces of tensor {key!r} do not fit together")
         pos = stop
     if pos != _numel(e0["shape"]):
-        raise FormatError(f"{where}: tensor {key!r} is incomplete ({pos} of {_numel(e0['shape'])} elements stored)")
+        raise CheckpointFormatError(
+            f"{where}: tensor {key!r} is incomplete ({pos} of {_numel(e0['shape'])} elements stored)"
+        )
 
 
 def _read_exact(f: tp.BinaryIO, view: memoryview, name: str) -> None:
@@ -408,5 +497,5 @@ def _read_exact(f: tp.BinaryIO, view: memoryview, name: str) -> None:
     while got < view.nbytes:
         n = f.readinto(view[got:])
         if not n:
-            raise FormatError(f"{name}: truncated while reading")
+            raise CheckpointFormatError(f"{name}: truncated while reading")
         got += n

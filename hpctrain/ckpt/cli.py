@@ -9,21 +9,17 @@ import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain._errors import HpctrainError, UsageError
-from hpctrain.ckpt._format import FormatError, digest_dir, step_name, verify_dir
+from hpctrain._cli import add_json_flag, add_subcommands, command_parser
+from hpctrain.ckpt._format import CheckpointFormatError, digest_dir, step_name, verify_dir
 from hpctrain.ckpt._scan import Entry, plan_retention, remove_dir, scan
+from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> tp.NoReturn:  # one line, exit 2, via the front door
-        raise UsageError(f"ckpt: {message} (see python -m hpctrain ckpt --help)")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m hpctrain ckpt", description="List, verify, digest and clean hpctrain checkpoints.")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p = command_parser("ckpt", "List, verify, digest and clean hpctrain checkpoints.")
+    sub = add_subcommands(p)
     ls = sub.add_parser("ls", help="table of checkpoints: step, status, world size, bytes, time")
     verify = sub.add_parser("verify", help="check sizes and checksums against the manifest (exit 1 if invalid)")
     verify.add_argument("--step", type=int, help="only this step (default: every committed step)")
@@ -36,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     digest.add_argument("--step", type=int, help="default: newest committed step")
     for sp in (ls, verify, gc, digest):
         sp.add_argument("dir", type=Path, help="the checkpoint directory (CheckpointConfig.dir)")
-        sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        add_json_flag(sp)
     return p
 
 
@@ -56,17 +52,26 @@ def _pick(root: Path, step: tp.Optional[int]) -> Entry:
         if e.step == step:
             return e
     raise HpctrainError(
-        f"step {step} is not a committed checkpoint in {root}; committed: {[e.step for e in committed][-10:]}")
+        f"step {step} is not a committed checkpoint in {root}; committed: {[e.step for e in committed][-10:]}"
+    )
 
 
 def _ls(args: argparse.Namespace) -> int:
     rows = []
     for e in _entries(args.dir):
         m = e.manifest or {}
-        rows.append({
-            "step": e.step, "status": e.status, "name": e.name, "world_size": m.get("world_size"),
-            "bytes": e.bytes, "time": e.mtime, "run_id": m.get("run_id", ""), "error": e.error,
-        })
+        rows.append(
+            {
+                "step": e.step,
+                "status": e.status,
+                "name": e.name,
+                "world_size": m.get("world_size"),
+                "bytes": e.bytes,
+                "time": e.mtime,
+                "run_id": m.get("run_id", ""),
+                "error": e.error,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -80,8 +85,12 @@ def _ls(args: argparse.Namespace) -> int:
     colors = {"committed": "green", "abandoned": "yellow", "quarantined": "red", "incomplete": "red"}
     for r in rows:
         table.add_row(
-            str(r["step"]), f"[{colors.get(r['status'], 'white')}]{r['status']}[/]", str(r["world_size"] or "-"),
-            _human(r["bytes"]), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])), r["name"],
+            str(r["step"]),
+            f"[{colors.get(r['status'], 'white')}]{r['status']}[/]",
+            str(r["world_size"] or "-"),
+            _human(r["bytes"]),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])),
+            r["name"],
         )
     Console().print(table)
     return 0
@@ -110,7 +119,7 @@ def _verify(args: argparse.Namespace) -> int:
         try:
             verify_dir(e.path, checksums=not args.no_checksums)
             results.append({"step": e.step, "name": e.name, "valid": True, "error": ""})
-        except FormatError as exc:
+        except CheckpointFormatError as exc:
             results.append({"step": e.step, "name": e.name, "valid": False, "error": str(exc)})
     if args.json:
         print(json.dumps(results, indent=2))
@@ -122,15 +131,19 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _gc(args: argparse.Namespace) -> int:
     if args.keep < 1:
-        raise UsageError(f"ckpt gc --keep must be >= 1 (the newest committed checkpoint is never deleted), got {args.keep}")
+        raise UsageError(
+            f"ckpt gc --keep must be >= 1 (the newest committed checkpoint is never deleted), got {args.keep}"
+        )
     entries = _entries(args.dir)
     doomed = plan_retention(entries, args.keep, args.keep_every)
     doomed += [e for e in entries if e.status in ("abandoned", "deleting")]
     if not args.dry_run:
         for e in doomed:
             remove_dir(e.path)
-    out = {"deleted" if not args.dry_run else "would_delete": [e.name for e in doomed],
-           "kept": [e.name for e in entries if e.status == "committed" and e not in doomed]}
+    out = {
+        "deleted" if not args.dry_run else "would_delete": [e.name for e in doomed],
+        "kept": [e.name for e in entries if e.status == "committed" and e not in doomed],
+    }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -144,7 +157,7 @@ def _digest(args: argparse.Namespace) -> int:
     e = _pick(args.dir, args.step)
     try:
         digests = digest_dir(e.path)
-    except FormatError as exc:
+    except CheckpointFormatError as exc:
         raise HpctrainError(f"cannot digest {e.name}: {exc}") from None
     if args.json:
         print(json.dumps({"step": e.step, "name": e.name, "digests": digests}, indent=2))

@@ -6,7 +6,7 @@ import os
 import typing as tp
 from dataclasses import asdict, dataclass
 
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 
 __all__ = ["H5DataConfig", "TAIL_POLICIES", "START_METHODS"]
 
@@ -71,8 +71,14 @@ class H5DataConfig:
         for name in ("index", "valid"):
             if name in self.keys:
                 raise _bad("keys", f"may not contain {name!r} (the loader adds that entry to each batch)")
-        for name, low in (("global_batch_size", 1), ("window_chunks", 1), ("num_workers", 0),
-                          ("prefetch_depth", 1), ("block_bytes", 1), ("rdcc_nbytes", 0)):
+        for name, low in (
+            ("global_batch_size", 1),
+            ("window_chunks", 1),
+            ("num_workers", 0),
+            ("prefetch_depth", 1),
+            ("block_bytes", 1),
+            ("rdcc_nbytes", 0),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise _bad(name, f"must be an integer >= {low}, got {value!r}")
@@ -82,8 +88,9 @@ class H5DataConfig:
             if not isinstance(self.partitions, int) or self.partitions < 1:
                 raise _bad("partitions", f"must be None or an integer >= 1, got {self.partitions!r}")
             if self.global_batch_size % self.partitions:
-                raise _bad("partitions", f"({self.partitions}) must divide global_batch_size "
-                                         f"({self.global_batch_size})")
+                raise _bad(
+                    "partitions", f"({self.partitions}) must divide global_batch_size ({self.global_batch_size})"
+                )
         if self.tail not in TAIL_POLICIES:
             raise _bad("tail", f"must be one of {', '.join(TAIL_POLICIES)}, got {self.tail!r}")
         if self.start_method not in START_METHODS:

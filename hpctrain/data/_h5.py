@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 
 _DIRECT_MIN_BYTES = 256  # smaller samples (labels) are cheaper through one staging read + gather
 
@@ -111,27 +111,43 @@ def key_info(path: str, f: tp.Any, key: str) -> KeyInfo:
 
     if key not in f:
         have = sorted(n for n in f.keys())[:10]
-        raise UsageError(f"{path}: key {key!r} not found (top-level entries: {', '.join(have) or 'none'}); "
-                         f"fix H5DataConfig.keys")
+        raise UsageError(
+            f"{path}: key {key!r} not found (top-level entries: {', '.join(have) or 'none'}); fix H5DataConfig.keys"
+        )
     ds = f[key]
     if not isinstance(ds, h5py.Dataset):
         raise UsageError(f"{path}: {key!r} is a group, not a dataset; name the dataset inside it")
     if ds.ndim == 0:
         raise UsageError(f"{path}: {key!r} is a scalar; datasets must be indexed by sample along axis 0")
     if ds.dtype.hasobject or ds.dtype.kind in "OVSUM" or ds.dtype.fields is not None:
-        raise UsageError(f"{path}: {key!r} has dtype {ds.dtype} (variable-length, string, compound or opaque), which "
-                         f"torch tensors cannot hold; store numeric datasets (one per field)")
+        raise UsageError(
+            f"{path}: {key!r} has dtype {ds.dtype} (variable-length, string, compound or opaque), which "
+            f"torch tensors cannot hold; store numeric datasets (one per field)"
+        )
     chunk_rows = ds.chunks[0] if ds.chunks else None
     offset = None
     if ds.chunks is None and not ds.compression and ds.dtype.isnative:
         off = ds.id.get_offset()
         offset = None if off is None else int(off)  # None: never written (all fill value)
     chunk_bytes = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize if ds.chunks else None
-    inflate = bool(ds.chunks and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]) and ds.compression == "gzip"
-                   and ds.dtype.isnative and ds.id.get_create_plist().get_nfilters() == 1)
+    inflate = bool(
+        ds.chunks
+        and tuple(ds.chunks[1:]) == tuple(ds.shape[1:])
+        and ds.compression == "gzip"
+        and ds.dtype.isnative
+        and ds.id.get_create_plist().get_nfilters() == 1
+    )
     native = ds.dtype.newbyteorder("=")  # big-endian files are converted by libhdf5 on read
-    return KeyInfo(native.str, tuple(int(s) for s in ds.shape[1:]), int(ds.shape[0]), chunk_rows,
-                   ds.compression, offset, chunk_bytes, inflate)
+    return KeyInfo(
+        native.str,
+        tuple(int(s) for s in ds.shape[1:]),
+        int(ds.shape[0]),
+        chunk_rows,
+        ds.compression,
+        offset,
+        chunk_bytes,
+        inflate,
+    )
 
 
 def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 << 20) -> Layout:
@@ -143,20 +159,25 @@ def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 <
         lengths = {k: ki.length for k, ki in kinfo.items()}
         if len(set(lengths.values())) > 1:
             detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
-            raise UsageError(f"{path}: datasets have different lengths along axis 0 ({detail}); "
-                             f"every key must hold one entry per sample")
+            raise UsageError(
+                f"{path}: datasets have different lengths along axis 0 ({detail}); "
+                f"every key must hold one entry per sample"
+            )
         if infos:
             for k in keys:
                 a, b = infos[0].keys[k], kinfo[k]
                 if (a.dtype, a.sample_shape) != (b.dtype, b.sample_shape):
-                    raise UsageError(f"{path}: key {k!r} is {np.dtype(b.dtype).name}{list(b.sample_shape)} but "
-                                     f"{infos[0].path} has {np.dtype(a.dtype).name}{list(a.sample_shape)}; "
-                                     f"files must agree")
+                    raise UsageError(
+                        f"{path}: key {k!r} is {np.dtype(b.dtype).name}{list(b.sample_shape)} but "
+                        f"{infos[0].path} has {np.dtype(a.dtype).name}{list(a.sample_shape)}; "
+                        f"files must agree"
+                    )
         infos.append(FileInfo(path, os.path.getsize(path), kinfo))
     counts = np.array([fi.length for fi in infos], dtype=np.int64)
     if counts.sum() == 0:
-        raise UsageError(f"{files[0]}{' ...' if len(files) > 1 else ''}: zero samples in key {keys[0]!r}; "
-                         f"nothing to train on")
+        raise UsageError(
+            f"{files[0]}{' ...' if len(files) > 1 else ''}: zero samples in key {keys[0]!r}; nothing to train on"
+        )
     file_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     blocks = []
     for fi, start in zip(infos, file_starts[:-1]):
@@ -172,9 +193,14 @@ def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 <
 def fingerprint(layout: Layout) -> str:
     """Identity of the data as the order sees it: file names (not directories, so staging copies match),
     sizes, per-key dtype/shape/length, and the block table."""
-    desc = [[os.path.basename(fi.path), fi.size,
-             {k: [ki.dtype, list(ki.sample_shape), ki.length] for k, ki in sorted(fi.keys.items())}]
-            for fi in layout.files]
+    desc = [
+        [
+            os.path.basename(fi.path),
+            fi.size,
+            {k: [ki.dtype, list(ki.sample_shape), ki.length] for k, ki in sorted(fi.keys.items())},
+        ]
+        for fi in layout.files
+    ]
     h = hashlib.sha256(json.dumps(desc, sort_keys=True).encode())
     h.update(layout.block_starts.tobytes())
     return h.hexdigest()[:16]
@@ -244,11 +270,12 @@ class Reader:
                 pos += n
         elif b > a:
             try:
-                self._file(fidx)[key].read_direct(dest, np.s_[a:b], np.s_[0:b - a])
+                self._file(fidx)[key].read_direct(dest, np.s_[a:b], np.s_[0 : b - a])
             except OSError as exc:
                 why = " ".join(str(exc).split())[:200]
-                raise UsageError(f"{fi.path}: key {key!r}: read of samples {a}..{b} failed "
-                                 f"(corrupt or truncated file?): {why}") from None
+                raise UsageError(
+                    f"{fi.path}: key {key!r}: read of samples {a}..{b} failed (corrupt or truncated file?): {why}"
+                ) from None
         self.bytes_read += (b - a) * ki.sample_bytes
 
     def _chunk(self, fidx: int, key: str, ki: KeyInfo, cs: int) -> np.ndarray:
@@ -264,22 +291,28 @@ class Reader:
             mask, raw = ds.id.read_direct_chunk((cs,) + (0,) * len(ki.sample_shape))
         except (OSError, KeyError, ValueError, RuntimeError):  # "chunk storage is not allocated"
             out = np.empty(shape, dtype=ki.dtype)
-            ds.read_direct(out, np.s_[cs:cs + rows], np.s_[0:rows])
+            ds.read_direct(out, np.s_[cs : cs + rows], np.s_[0:rows])
             self.bytes_read += rows * ki.sample_bytes
             return out
         try:
             data = raw if mask & 1 else _inflate(raw, bufsize=c * ki.sample_bytes)  # bit 0: deflate skipped
         except _InflateError as exc:
-            raise UsageError(f"{fi.path}: key {key!r}: the chunk at sample {cs} does not inflate "
-                             f"(corrupt file?): {exc}") from None
+            raise UsageError(
+                f"{fi.path}: key {key!r}: the chunk at sample {cs} does not inflate (corrupt file?): {exc}"
+            ) from None
         if len(data) < rows * ki.sample_bytes:
-            raise UsageError(f"{fi.path}: key {key!r}: the chunk at sample {cs} holds {len(data)} bytes, "
-                             f"fewer than its {rows} samples (corrupt file?)")
+            raise UsageError(
+                f"{fi.path}: key {key!r}: the chunk at sample {cs} holds {len(data)} bytes, "
+                f"fewer than its {rows} samples (corrupt file?)"
+            )
         self.bytes_read += rows * ki.sample_bytes
-        return np.frombuffer(data, dtype=ki.dtype, count=rows * int(np.prod(ki.sample_shape, dtype=np.int64))).reshape(shape)
+        return np.frombuffer(data, dtype=ki.dtype, count=rows * int(np.prod(ki.sample_shape, dtype=np.int64))).reshape(
+            shape
+        )
 
-    def _read_inflate(self, key: str, flat: np.ndarray, sizes: tp.Sequence[int],
-                      outs: tp.Sequence[tp.Dict[str, np.ndarray]]) -> None:
+    def _read_inflate(
+        self, key: str, flat: np.ndarray, sizes: tp.Sequence[int], outs: tp.Sequence[tp.Dict[str, np.ndarray]]
+    ) -> None:
         """Deflate-only chunks: each needed chunk is read raw and inflated once, and its samples go
         straight from the inflated buffer into the batch rows (no staging copy, no libhdf5 filter)."""
         lay = self.layout
@@ -325,8 +358,10 @@ class Reader:
         total = int(run_dest[-1])
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         for key in lay.keys:
-            if all(fi.keys[key].offset is not None for fi in lay.files) and \
-                    lay.files[0].keys[key].sample_bytes >= _DIRECT_MIN_BYTES:
+            if (
+                all(fi.keys[key].offset is not None for fi in lay.files)
+                and lay.files[0].keys[key].sample_bytes >= _DIRECT_MIN_BYTES
+            ):
                 self._read_direct(key, flat, sizes, outs)
                 continue
             if all(fi.keys[key].inflate for fi in lay.files):
@@ -335,10 +370,10 @@ class Reader:
             buf = self._buffer(key, total)
             for a, b, f, d in zip(run_a, run_b, run_f, run_dest[:-1]):
                 base = lay.file_starts[f]
-                self._read_run(key, int(f), int(a - base), int(b - base), buf[d:d + (b - a)])
+                self._read_run(key, int(f), int(a - base), int(b - base), buf[d : d + (b - a)])
             for i, out in enumerate(outs):
                 dest = out[key].reshape((sizes[i],) + buf.shape[1:])
-                np.take(buf, rows[bounds[i]:bounds[i + 1]], axis=0, out=dest)
+                np.take(buf, rows[bounds[i] : bounds[i + 1]], axis=0, out=dest)
 
     def _rows(self, arr: np.ndarray) -> tp.List[memoryview]:
         """Byte views of each row of a (persistent) output array, cached."""
@@ -346,17 +381,18 @@ class Reader:
         if views is None or len(views) != len(arr):
             flat = memoryview(arr.reshape(len(arr), -1).view(np.uint8)).cast("B")
             step = arr[0].nbytes if len(arr) else 0
-            views = self._row_cache[id(arr)] = [flat[i * step:(i + 1) * step] for i in range(len(arr))]
+            views = self._row_cache[id(arr)] = [flat[i * step : (i + 1) * step] for i in range(len(arr))]
         return views
 
-    def _read_direct(self, key: str, flat: np.ndarray, sizes: tp.Sequence[int],
-                     outs: tp.Sequence[tp.Dict[str, np.ndarray]]) -> None:
+    def _read_direct(
+        self, key: str, flat: np.ndarray, sizes: tp.Sequence[int], outs: tp.Sequence[tp.Dict[str, np.ndarray]]
+    ) -> None:
         """Contiguous, unfiltered data: one ``preadv`` per block straight into the output rows (one copy,
         no staging, no libhdf5 lock); rows of the block that no batch needs land in a scratch row."""
         lay = self.layout
         dest: tp.List[memoryview] = []
         for i, out in enumerate(outs):
-            dest.extend(self._rows(out[key])[:sizes[i]])
+            dest.extend(self._rows(out[key])[: sizes[i]])
         sb = lay.files[0].keys[key].sample_bytes
         if self._scratch is None or len(self._scratch) < sb:
             self._scratch = memoryview(bytearray(sb))
@@ -386,10 +422,11 @@ class Reader:
             off = offsets[fidx] + (a0 - file_starts[fidx]) * sb  # type: ignore[operator]
             fd = self._fd(fidx)
             for j in range(0, len(iov), step):
-                part = iov[j:j + step]
+                part = iov[j : j + step]
                 if os.preadv(fd, part, off + j * sb) != len(part) * sb:
-                    raise UsageError(f"{lay.files[fidx].path}: key {key!r}: file ends before the data does "
-                                     f"(truncated?)")
+                    raise UsageError(
+                        f"{lay.files[fidx].path}: key {key!r}: file ends before the data does (truncated?)"
+                    )
             self.bytes_read += (b0 - a0) * sb
         dest.pop()
         dups = np.flatnonzero(~first)

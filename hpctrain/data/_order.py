@@ -21,7 +21,7 @@ import typing as tp
 
 import numpy as np
 
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 
 __all__ = ["EpochOrder", "EpochPlan", "batches_per_epoch"]
 
@@ -77,7 +77,8 @@ def batches_per_epoch(num_samples: int, global_batch: int, partitions: int, tail
     per = global_batch // partitions
     if tail == "drop":
         return (num_samples // partitions) // per
-    return -(-(-(-num_samples // partitions)) // per)  # ceil(ceil(N/P) / per)
+    per_partition = -(-num_samples // partitions)  # ceil(N/P)
+    return -(-per_partition // per)
 
 
 class EpochPlan:
@@ -96,8 +97,10 @@ class EpochPlan:
     def slots(self, batches: np.ndarray, rank: int, world_size: int) -> tp.Tuple[np.ndarray, np.ndarray]:
         """(ids, valid) of shape (len(batches), B/R) for this rank; invalid slots repeat a real sample."""
         if self.global_batch % world_size:
-            raise UsageError(f"global_batch_size {self.global_batch} is not divisible by the world size "
-                             f"{world_size}; pick a global batch that every world size you use divides")
+            raise UsageError(
+                f"global_batch_size {self.global_batch} is not divisible by the world size "
+                f"{world_size}; pick a global batch that every world size you use divides"
+            )
         local = self.global_batch // world_size
         j = np.arange(rank * local, (rank + 1) * local, dtype=np.int64)
         p = j // self.per_part

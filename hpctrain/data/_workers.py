@@ -26,8 +26,8 @@ import typing as tp
 
 import numpy as np
 
-from hpctrain._errors import HpctrainError
 from hpctrain.data._h5 import Layout, Reader
+from hpctrain.errors import HpctrainError
 
 __all__ = ["SlotArena", "WorkerPool", "InlineReader"]
 
@@ -107,7 +107,7 @@ Task = tp.List[tp.Tuple[int, np.ndarray, tp.Optional[np.ndarray]]]  # (slot, ids
 def fill(reader: Reader, arena: SlotArena, task: Task) -> None:
     outs = [arena.views(slot) for slot, _, _ in task]
     reader.read([ids for _, ids, _ in task], outs)
-    for (slot, ids, valid), out in zip(task, outs):
+    for (_slot, ids, valid), out in zip(task, outs):
         out["index"][...] = ids
         if valid is not None:
             out["valid"][...] = valid
@@ -123,8 +123,18 @@ def _parent_gone(pid: int) -> bool:
     return False
 
 
-def _worker_main(wid: int, layout: Layout, rdcc: int, spec: Spec, nslots: int, shm_path: str,
-                 tasks: tp.Any, results: tp.Any, parent_pid: int, stop: tp.Any) -> None:  # pragma: no cover - child
+def _worker_main(
+    wid: int,
+    layout: Layout,
+    rdcc: int,
+    spec: Spec,
+    nslots: int,
+    shm_path: str,
+    tasks: tp.Any,
+    results: tp.Any,
+    parent_pid: int,
+    stop: tp.Any,
+) -> None:  # pragma: no cover - child
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     try:  # die with the loader when it is our direct parent (fork/spawn); forkserver: polled below
@@ -191,8 +201,9 @@ class InlineReader:
 class WorkerPool:
     """``n`` persistent reader processes; tasks are sent to worker ``task_id % n`` and collected in order."""
 
-    def __init__(self, layout: Layout, rdcc: int, arena: SlotArena, n: int, start_method: str,
-                 timeout_s: float) -> None:
+    def __init__(
+        self, layout: Layout, rdcc: int, arena: SlotArena, n: int, start_method: str, timeout_s: float
+    ) -> None:
         ctx = mp.get_context(start_method)
         self.n, self.timeout_s = n, timeout_s
         self.results = ctx.Queue()
@@ -202,9 +213,23 @@ class WorkerPool:
         self.procs = []
         assert arena.path is not None
         for w in range(n):
-            p = ctx.Process(target=_worker_main, name=f"hpctrain-data-{w}", daemon=True,
-                            args=(w, layout, rdcc, arena.spec, arena.nslots, arena.path, self.tasks[w],
-                                  self.results, os.getpid(), self.stop))
+            p = ctx.Process(
+                target=_worker_main,
+                name=f"hpctrain-data-{w}",
+                daemon=True,
+                args=(
+                    w,
+                    layout,
+                    rdcc,
+                    arena.spec,
+                    arena.nslots,
+                    arena.path,
+                    self.tasks[w],
+                    self.results,
+                    os.getpid(),
+                    self.stop,
+                ),
+            )
             p.start()
             self.procs.append(p)
         try:
@@ -229,11 +254,15 @@ class WorkerPool:
                 dead = [(i, p.exitcode) for i, p in enumerate(self.procs) if not p.is_alive()]
                 if dead:
                     i, code = dead[0]
-                    raise HpctrainError(f"data worker {i} died (exit code {code}; killed by a signal if "
-                                        f"negative, e.g. out of memory); see the job's stderr") from None
+                    raise HpctrainError(
+                        f"data worker {i} died (exit code {code}; killed by a signal if "
+                        f"negative, e.g. out of memory); see the job's stderr"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise HpctrainError(f"data workers produced nothing for {timeout:.0f} s (filesystem "
-                                        f"hang?); raise H5DataConfig.worker_timeout_s if reads are this slow")
+                    raise HpctrainError(
+                        f"data workers produced nothing for {timeout:.0f} s (filesystem "
+                        f"hang?); raise H5DataConfig.worker_timeout_s if reads are this slow"
+                    )
 
     def submit(self, task_id: int, task: Task) -> None:
         self.tasks[task_id % self.n].put((task_id, task))

@@ -10,17 +10,13 @@ import typing as tp
 
 import numpy as np
 
-from hpctrain._errors import UsageError
+from hpctrain._cli import add_subcommands, command_parser
 from hpctrain.data._h5 import open_h5
+from hpctrain.errors import UsageError
 
 __all__ = ["main", "inspect_file"]
 
 MiB = 1 << 20
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> tp.NoReturn:  # one line, exit 2, through the front door
-        raise UsageError(f"{self.prog}: {message}")
 
 
 def _stripe(path: str) -> tp.Optional[str]:
@@ -55,30 +51,42 @@ def inspect_file(path: str, keys: tp.Optional[tp.Sequence[str]] = None) -> tp.Di
         for name in names:
             ds = f[name]
             chunk_bytes = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize if ds.chunks else None
-            row = {"key": name, "shape": list(ds.shape), "dtype": str(ds.dtype),
-                   "chunks": list(ds.chunks) if ds.chunks else None, "chunk_bytes": chunk_bytes,
-                   "compression": ds.compression, "compression_opts": ds.compression_opts,
-                   "nbytes": int(ds.size) * ds.dtype.itemsize}
+            row = {
+                "key": name,
+                "shape": list(ds.shape),
+                "dtype": str(ds.dtype),
+                "chunks": list(ds.chunks) if ds.chunks else None,
+                "chunk_bytes": chunk_bytes,
+                "compression": ds.compression,
+                "compression_opts": ds.compression_opts,
+                "nbytes": int(ds.size) * ds.dtype.itemsize,
+            }
             rows.append(row)
             if ds.ndim == 0:
                 warnings.append(f"{name}: scalar dataset, cannot be read by sample")
                 continue
             if ds.chunks:
                 if tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
-                    warnings.append(f"{name}: chunks {list(ds.chunks)} split a sample {list(ds.shape[1:])}; "
-                                    f"each sample read touches several chunks (rechunk to (k, *sample_shape))")
+                    warnings.append(
+                        f"{name}: chunks {list(ds.chunks)} split a sample {list(ds.shape[1:])}; "
+                        f"each sample read touches several chunks (rechunk to (k, *sample_shape))"
+                    )
                 if chunk_bytes is not None and ds.nbytes >= MiB and not MiB <= chunk_bytes <= 8 * MiB:
-                    warnings.append(f"{name}: chunk is {chunk_bytes / MiB:.3g} MiB, outside the 1-8 MiB sweet spot "
-                                    f"for parallel filesystems")
+                    warnings.append(
+                        f"{name}: chunk is {chunk_bytes / MiB:.3g} MiB, outside the 1-8 MiB sweet spot "
+                        f"for parallel filesystems"
+                    )
         lengths = {r["key"]: r["shape"][0] for r in rows if r["shape"]}
         if len(set(lengths.values())) > 1:
-            warnings.append("datasets differ in length along axis 0: " +
-                            ", ".join(f"{k}={n}" for k, n in lengths.items()))
+            warnings.append(
+                "datasets differ in length along axis 0: " + ", ".join(f"{k}={n}" for k, n in lengths.items())
+            )
     size = os.path.getsize(path)
     stripe = _stripe(path)
     if stripe and stripe.split()[0] == "1" and size > 1 << 30:
-        warnings.append(f"{size / 2**30:.1f} GiB on a single OST (stripe {stripe}); ask your centre about "
-                        f"striping or a PFL layout")
+        warnings.append(
+            f"{size / 2**30:.1f} GiB on a single OST (stripe {stripe}); ask your centre about striping or a PFL layout"
+        )
     return {"path": path, "size": size, "stripe": stripe, "datasets": rows, "warnings": warnings}
 
 
@@ -92,7 +100,9 @@ def _inspect(args: argparse.Namespace) -> int:
     code = 0
     for path in args.files:
         info = inspect_file(path, keys)
-        title = f"{escape(str(path))}  ({info['size'] / MiB:.1f} MiB" + (f", stripe {info['stripe']})" if info["stripe"] else ")")
+        title = f"{escape(str(path))}  ({info['size'] / MiB:.1f} MiB" + (
+            f", stripe {info['stripe']})" if info["stripe"] else ")"
+        )
         table = Table(title=title, title_justify="left")
         for col in ("key", "shape", "dtype", "chunks", "chunk MiB", "compression"):
             table.add_column(col)
@@ -100,9 +110,14 @@ def _inspect(args: argparse.Namespace) -> int:
             comp = r["compression"] or "-"
             if r["compression_opts"] is not None:
                 comp += f" ({r['compression_opts']})"
-            table.add_row(escape(r["key"]), str(tuple(r["shape"])), r["dtype"],
-                          str(tuple(r["chunks"])) if r["chunks"] else "contiguous",
-                          f"{r['chunk_bytes'] / MiB:.3f}" if r["chunk_bytes"] else "-", comp)
+            table.add_row(
+                escape(r["key"]),
+                str(tuple(r["shape"])),
+                r["dtype"],
+                str(tuple(r["chunks"])) if r["chunks"] else "contiguous",
+                f"{r['chunk_bytes'] / MiB:.3f}" if r["chunk_bytes"] else "-",
+                comp,
+            )
         console.print(table)
         for w in info["warnings"]:
             console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
@@ -120,19 +135,29 @@ def _synth(args: argparse.Namespace) -> int:
     if not os.path.isdir(parent):
         raise UsageError(f"data synth: {parent} is not a directory; create it first or choose another OUT")
     try:
-        make_dataset(args.out, args.samples, shape=shape, dtype=args.dtype, chunk_samples=args.chunk_samples or None,
-                     compression=comp, level=args.level, seed=args.seed)
+        make_dataset(
+            args.out,
+            args.samples,
+            shape=shape,
+            dtype=args.dtype,
+            chunk_samples=args.chunk_samples or None,
+            compression=comp,
+            level=args.level,
+            seed=args.seed,
+        )
     except OSError as exc:
         raise UsageError(f"data synth: cannot write {args.out}: {exc.strerror or exc}") from None
-    print(f"wrote {args.out}: {args.samples} samples of x{list(shape)} {args.dtype} + y int64, "
-          f"{'chunk ' + str(args.chunk_samples or 64) if comp or args.chunk_samples else 'contiguous'}"
-          f"{', ' + comp if comp else ''} ({os.path.getsize(args.out) / MiB:.1f} MiB)")
+    print(
+        f"wrote {args.out}: {args.samples} samples of x{list(shape)} {args.dtype} + y int64, "
+        f"{'chunk ' + str(args.chunk_samples or 64) if comp or args.chunk_samples else 'contiguous'}"
+        f"{', ' + comp if comp else ''} ({os.path.getsize(args.out) / MiB:.1f} MiB)"
+    )
     return 0
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    parser = _Parser(prog="hpctrain data", description="Inspect HDF5 inputs and synthesise demo datasets.")
-    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    parser = command_parser("data", "Inspect HDF5 inputs and synthesise demo datasets.")
+    sub = add_subcommands(parser)
     p = sub.add_parser("inspect", help="keys, shapes, dtypes, chunking, compression, stripes, warnings")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--keys", help="comma-separated dataset names (default: all)")
@@ -142,8 +167,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     s.add_argument("--samples", type=int, required=True)
     s.add_argument("--shape", default="3,32,32", help="sample shape, comma-separated (default 3,32,32)")
     s.add_argument("--dtype", default="float32")
-    s.add_argument("--chunk-samples", type=int, default=0, help="samples per chunk (default: contiguous, or 64 "
-                                                                 "with compression)")
+    s.add_argument(
+        "--chunk-samples", type=int, default=0, help="samples per chunk (default: contiguous, or 64 with compression)"
+    )
     s.add_argument("--compression", choices=("none", "gzip", "lzf"), default="none")
     s.add_argument("--level", type=int, default=4, help="gzip level (default 4)")
     s.add_argument("--seed", type=int, default=0)

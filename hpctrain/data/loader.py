@@ -23,12 +23,12 @@ import typing as tp
 import numpy as np
 import torch
 
-from hpctrain._errors import HpctrainError, UsageError
 from hpctrain.data._config import H5DataConfig
 from hpctrain.data._h5 import Layout, scan
 from hpctrain.data._order import EpochOrder, EpochPlan, batches_per_epoch
 from hpctrain.data._workers import InlineReader, SlotArena, WorkerPool, batch_spec
 from hpctrain.data.metrics import LoaderMetrics, StepMetrics
+from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["H5Loader", "STATE_FORMAT"]
 
@@ -65,8 +65,13 @@ def _default_rank_world() -> tp.Tuple[int, int]:
 class H5Loader:
     """Deterministic, elastic-resumable, prefetching HDF5 batches for one rank. See ``docs/data.md``."""
 
-    def __init__(self, config: H5DataConfig, rank: tp.Optional[int] = None, world_size: tp.Optional[int] = None,
-                 device: tp.Union[str, torch.device, None] = None) -> None:
+    def __init__(
+        self,
+        config: H5DataConfig,
+        rank: tp.Optional[int] = None,
+        world_size: tp.Optional[int] = None,
+        device: tp.Union[str, torch.device, None] = None,
+    ) -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
             rank = r if rank is None else rank
@@ -76,8 +81,10 @@ class H5Loader:
         self.config, self.rank, self.world_size = config, int(rank), int(world_size)
         self.device = torch.device(device) if device is not None else None
         if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError(f"H5Loader(device={str(device)!r}) but CUDA is not available on this node; "
-                             f"pass device=None (CPU batches) or run on a GPU node")
+            raise UsageError(
+                f"H5Loader(device={str(device)!r}) but CUDA is not available on this node; "
+                f"pass device=None (CPU batches) or run on a GPU node"
+            )
         self.layout: Layout = scan(config.files, config.keys, config.block_bytes)
         self.partitions = config.partitions or self.world_size
         self.epoch = 0
@@ -100,17 +107,22 @@ class H5Loader:
         cfg, n = self.config, self.layout.num_samples
         b = cfg.global_batch_size
         if b % self.world_size:
-            raise UsageError(f"H5DataConfig.global_batch_size ({b}) is not divisible by the world size "
-                             f"({self.world_size}); every rank must get the same batch size")
+            raise UsageError(
+                f"H5DataConfig.global_batch_size ({b}) is not divisible by the world size "
+                f"({self.world_size}); every rank must get the same batch size"
+            )
         if b % self.partitions:
-            raise UsageError(f"partitions ({self.partitions}) must divide global_batch_size ({b}); set "
-                             f"H5DataConfig.partitions")
+            raise UsageError(
+                f"partitions ({self.partitions}) must divide global_batch_size ({b}); set H5DataConfig.partitions"
+            )
         if n < self.partitions:
             raise UsageError(f"{self._where()}: {n} samples, fewer than partitions={self.partitions}")
         if self.num_batches == 0:
-            raise UsageError(f"{self._where()}: {n} samples give no full global batch of {b} with tail='drop' "
-                             f"(each of {self.world_size} ranks would get no batches); lower global_batch_size "
-                             f"or use tail='pad'")
+            raise UsageError(
+                f"{self._where()}: {n} samples give no full global batch of {b} with tail='drop' "
+                f"(each of {self.world_size} ranks would get no batches); lower global_batch_size "
+                f"or use tail='pad'"
+            )
 
     def _where(self) -> str:
         files = self.layout.files
@@ -131,8 +143,9 @@ class H5Loader:
 
     def plan(self, epoch: tp.Optional[int] = None) -> EpochPlan:
         c = self.config
-        order = EpochOrder(self.layout.block_starts, c.seed, self.epoch if epoch is None else epoch,
-                           c.window_chunks, c.shuffle)
+        order = EpochOrder(
+            self.layout.block_starts, c.seed, self.epoch if epoch is None else epoch, c.window_chunks, c.shuffle
+        )
         return EpochPlan(order, c.global_batch_size, self.partitions, c.tail)
 
     def _task_batches(self) -> int:
@@ -153,10 +166,19 @@ class H5Loader:
     def state_dict(self) -> tp.Dict[str, tp.Any]:
         """Global position (identical on every rank): store it once, hand it to every rank on resume."""
         c = self.config
-        return {"format": STATE_FORMAT, "epoch": self.epoch, "samples_consumed": self.samples_consumed,
-                "seed": c.seed, "global_batch_size": c.global_batch_size, "partitions": self.partitions,
-                "shuffle": c.shuffle, "window_chunks": c.window_chunks, "tail": c.tail,
-                "num_samples": self.layout.num_samples, "fingerprint": self.layout.fingerprint}
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "samples_consumed": self.samples_consumed,
+            "seed": c.seed,
+            "global_batch_size": c.global_batch_size,
+            "partitions": self.partitions,
+            "shuffle": c.shuffle,
+            "window_chunks": c.window_chunks,
+            "tail": c.tail,
+            "num_samples": self.layout.num_samples,
+            "fingerprint": self.layout.fingerprint,
+        }
 
     def load_state_dict(self, state: tp.Mapping[str, tp.Any]) -> None:
         """Continue exactly after the last consumed batch, on any world size and worker count.
@@ -167,17 +189,25 @@ class H5Loader:
         if state.get("format") != STATE_FORMAT:
             raise UsageError(f"data resume state has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
         c = self.config
-        mine = {"seed": c.seed, "global_batch_size": c.global_batch_size, "shuffle": c.shuffle,
-                "window_chunks": c.window_chunks, "tail": c.tail, "num_samples": self.layout.num_samples,
-                "fingerprint": self.layout.fingerprint}
+        mine = {
+            "seed": c.seed,
+            "global_batch_size": c.global_batch_size,
+            "shuffle": c.shuffle,
+            "window_chunks": c.window_chunks,
+            "tail": c.tail,
+            "num_samples": self.layout.num_samples,
+            "fingerprint": self.layout.fingerprint,
+        }
         if c.partitions is not None:
             mine["partitions"] = c.partitions
         for name, value in mine.items():
             if state.get(name) != value:
                 what = "the dataset files changed" if name in ("num_samples", "fingerprint") else "the config changed"
-                raise UsageError(f"data resume state does not match this loader: {name} is {state.get(name)!r} in "
-                                 f"the checkpoint but {value!r} now ({what}; files {self._where()}); restore the "
-                                 f"original setting or start the data order afresh")
+                raise UsageError(
+                    f"data resume state does not match this loader: {name} is {state.get(name)!r} in "
+                    f"the checkpoint but {value!r} now ({what}; files {self._where()}); restore the "
+                    f"original setting or start the data order afresh"
+                )
         consumed = int(state["samples_consumed"])
         if consumed % c.global_batch_size:
             raise UsageError(f"data resume state: samples_consumed={consumed} is not a multiple of the global batch")
@@ -209,8 +239,9 @@ class H5Loader:
             self._pool = InlineReader(self.layout, c.rdcc_nbytes, self._arena)
         else:
             self._arena = SlotArena(spec, nslots, path="")
-            self._pool = WorkerPool(self.layout, c.rdcc_nbytes, self._arena, c.num_workers, c.start_method,
-                                    c.worker_timeout_s)
+            self._pool = WorkerPool(
+                self.layout, c.rdcc_nbytes, self._arena, c.num_workers, c.start_method, c.worker_timeout_s
+            )
 
     def _shutdown_pool(self) -> None:
         self._pipe, self._held = None, None
@@ -278,8 +309,7 @@ class H5Loader:
                 ids, valid = pipe.plan.slots(batches, self.rank, self.world_size)
                 slots = [pipe.free.pop() for _ in batches]
                 self._pending.add(pipe.task_id)
-                pool.submit(pipe.task_id, [(s, ids[i], valid[i] if with_valid else None)
-                                           for i, s in enumerate(slots)])
+                pool.submit(pipe.task_id, [(s, ids[i], valid[i] if with_valid else None) for i, s in enumerate(slots)])
                 pipe.tasks.append((pipe.task_id, slots, pipe.epoch, int(batches[0])))
                 pipe.next_batch += len(batches)
                 pipe.task_id += 1
@@ -302,8 +332,11 @@ class H5Loader:
                 batch = self._deliver(arena.views(slot), slot)
                 wait = time.perf_counter() - t0
                 views = arena.views(slot)
-                self.metrics.record(StepMetrics(b0 + i, wait, max(depth, 0), len(views["index"]),
-                                                sum(views[key].nbytes for key in data_keys)))
+                self.metrics.record(
+                    StepMetrics(
+                        b0 + i, wait, max(depth, 0), len(views["index"]), sum(views[key].nbytes for key in data_keys)
+                    )
+                )
                 self.samples_consumed = (b0 + i + 1) * c.global_batch_size
                 if i == len(slots) - 1:
                     pipe.tasks.pop(0)  # every batch of the head task handed out (the last one is held)
@@ -314,8 +347,9 @@ class H5Loader:
         if gen != self._active:
             return
         if self.samples_consumed < nb * c.global_batch_size:
-            raise HpctrainError(f"internal error: data pipeline stalled at batch "
-                                f"{self.samples_consumed // c.global_batch_size} of {nb}")
+            raise HpctrainError(
+                f"internal error: data pipeline stalled at batch {self.samples_consumed // c.global_batch_size} of {nb}"
+            )
         self.epoch, self.samples_consumed = self.epoch + 1, 0
         self._active = 0
 
@@ -328,8 +362,16 @@ class H5Loader:
         # compute of step i; the consumer's stream waits for the copy, not the host
         if self.config.pin_memory and dev.type == "cuda":
             if not self._pinned:
-                self._pinned = [({k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, pin_memory=True)
-                                  for k, v in views.items()}, None) for _ in range(3)]
+                self._pinned = [
+                    (
+                        {
+                            k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, pin_memory=True)
+                            for k, v in views.items()
+                        },
+                        None,
+                    )
+                    for _ in range(3)
+                ]
                 self._copy_stream = torch.cuda.Stream(device=dev)
             bufs, event = self._pinned[self._pin_next]
             if event is not None:

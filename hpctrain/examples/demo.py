@@ -21,16 +21,22 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 
 __all__ = ["main"]
 
 
 def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hpctrain.examples.demo")
-    p.add_argument("--steps", type=int, default=50, help="total optimizer steps (a resumed run counts from its checkpoint)")
-    p.add_argument("--batch-size", type=int, default=128,
-                   help="global batch (all ranks together; kept when a run resumes on another number of ranks)")
+    p.add_argument(
+        "--steps", type=int, default=50, help="total optimizer steps (a resumed run counts from its checkpoint)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=128,
+        help="global batch (all ranks together; kept when a run resumes on another number of ranks)",
+    )
     p.add_argument("--dim", type=int, default=32, help="input/output width of the synthetic task")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.05)
@@ -54,26 +60,38 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     import torch
     import torch.distributed as dist
 
-    from hpctrain.dist.process_group import wrap_ddp
+    from hpctrain.runtime.process_group import wrap_ddp
 
     opts = _parse(ctx.args)
     if opts.batch_size % ctx.world_size:
-        raise UsageError(f"demo: --batch-size {opts.batch_size} (global) is not divisible by the {ctx.world_size} ranks")
+        raise UsageError(
+            f"demo: --batch-size {opts.batch_size} (global) is not divisible by the {ctx.world_size} ranks"
+        )
     local_batch = opts.batch_size // ctx.world_size
     torch.manual_seed(opts.seed)  # same initial weights on every rank (DDP also broadcasts them)
     loader = None
     if opts.data:
         from hpctrain.data import H5DataConfig, H5Loader
 
-        loader = H5Loader(H5DataConfig(files=tuple(opts.data), keys=("x", "y"), seed=opts.seed,
-                                       global_batch_size=opts.batch_size, num_workers=opts.workers),
-                          rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+        loader = H5Loader(
+            H5DataConfig(
+                files=tuple(opts.data),
+                keys=("x", "y"),
+                seed=opts.seed,
+                global_batch_size=opts.batch_size,
+                num_workers=opts.workers,
+            ),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=ctx.device,
+        )
         n_in, n_out = math.prod(loader.layout.files[0].keys["x"].sample_shape), opts.classes
     else:
         n_in = n_out = opts.dim
     target = torch.randn(opts.dim, opts.dim).to(ctx.device)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(n_in, opts.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(opts.hidden, n_out))
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(n_in, opts.hidden), torch.nn.ReLU(), torch.nn.Linear(opts.hidden, n_out)
+    )
     ddp = wrap_ddp(model, ctx.device)
     optim = torch.optim.SGD(ddp.parameters(), lr=opts.lr)
 
@@ -81,8 +99,10 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     if opts.ckpt_every:
         from hpctrain.ckpt import CheckpointConfig, Checkpointer
 
-        ckpt = Checkpointer(CheckpointConfig(dir=Path(opts.ckpt_dir or ctx.run_dir / "checkpoints"), keep_last=opts.keep),
-                            run_id=ctx.job_id)
+        ckpt = Checkpointer(
+            CheckpointConfig(dir=Path(opts.ckpt_dir or ctx.run_dir / "checkpoints"), keep_last=opts.keep),
+            run_id=ctx.job_id,
+        )
         got = ckpt.restore(model=model, optimizer=optim, map_location=ctx.device)
         if got is not None:
             start = got.step
@@ -90,7 +110,10 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             if loader is not None:
                 loader.load_state_dict((got.data_state or {}).get("loader", {}))
             if ctx.is_main:
-                print(f"demo: resumed from step {got.step} (saved by {got.saved_world_size} ranks): {got.path}", flush=True)
+                print(
+                    f"demo: resumed from step {got.step} (saved by {got.saved_world_size} ranks): {got.path}",
+                    flush=True,
+                )
 
     def batches() -> tp.Iterator[tp.Tuple[tp.Any, tp.Any]]:
         if loader is None:
@@ -132,13 +155,24 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     dist.all_gather(gathered, checksum)
     in_sync = all(torch.equal(g, checksum) for g in gathered)
     result = {
-        "final_loss": float(loss.item()), "steps": step, "steps_run": step - start, "resumed": resumed,
-        "world_size": ctx.world_size, "seconds": elapsed, "weights_in_sync": in_sync, "device": str(ctx.device),
-        "backend": ctx.backend, "data": list(opts.data or []), "weights_checksum": float(checksum.item()),
+        "final_loss": float(loss.item()),
+        "steps": step,
+        "steps_run": step - start,
+        "resumed": resumed,
+        "world_size": ctx.world_size,
+        "seconds": elapsed,
+        "weights_in_sync": in_sync,
+        "device": str(ctx.device),
+        "backend": ctx.backend,
+        "data": list(opts.data or []),
+        "weights_checksum": float(checksum.item()),
     }
     if ctx.is_main:
         atomic_write_json(ctx.run_dir / "demo_result.json", result)
-        print(f"demo: done in {elapsed:.2f}s, final loss {result['final_loss']:.4f}, weights in sync: {in_sync}", flush=True)
+        print(
+            f"demo: done in {elapsed:.2f}s, final loss {result['final_loss']:.4f}, weights in sync: {in_sync}",
+            flush=True,
+        )
     if not in_sync:
         raise RuntimeError("DDP replicas diverged: weights differ across ranks")
     return result

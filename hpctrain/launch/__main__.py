@@ -1,4 +1,4 @@
-from hpctrain._errors import cli_entry
+from hpctrain._cli import console_entry
 from hpctrain.launch.runner import main
 
-cli_entry(main, "hpctrain.launch")
+console_entry(main, "launch")

@@ -11,7 +11,7 @@ import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.dist.env import DistEnv
+from hpctrain.runtime.env import DistEnv
 
 __all__ = ["RunContext"]
 
@@ -20,7 +20,7 @@ __all__ = ["RunContext"]
 class RunContext(DistEnv):
     """Where this task stands in the run. One per process.
 
-    Inherits every :class:`~hpctrain.dist.env.DistEnv` field: ``rank``, ``local_rank``,
+    Inherits every :class:`~hpctrain.runtime.env.DistEnv` field: ``rank``, ``local_rank``,
     ``world_size``, ``local_world_size``, ``node_rank``, ``num_nodes``, ``master_addr``,
     ``master_port``, ``job_id``, ``restart_count``, ``hostnames``, ``launcher``.
     """

@@ -19,7 +19,7 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 
 __all__ = ["Runner", "load_entry", "check_entry_static"]
 
@@ -41,9 +41,14 @@ def check_entry_static(entry: str) -> None:
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as exc:
-        raise UsageError(f"--entry {entry!r}: cannot import {module!r} ({exc}); check the name and that it is on PYTHONPATH") from None
+        raise UsageError(
+            f"--entry {entry!r}: cannot import {module!r} ({exc}); check the name and that it is on PYTHONPATH"
+        ) from None
     if spec is None:
-        raise UsageError(f"--entry {entry!r}: no module named {module!r}; check the name and that it is on PYTHONPATH (run from the project directory)")
+        raise UsageError(
+            f"--entry {entry!r}: no module named {module!r}; check the name and that it is on PYTHONPATH "
+            "(run from the project directory)"
+        )
     origin = spec.origin
     if not origin or not origin.endswith(".py") or not os.path.exists(origin):
         return  # compiled or namespace module: checked when it is imported on the nodes
@@ -120,9 +125,9 @@ class Runner:
         started = time.time()  # before torch is imported: the records show what start-up costs
         # Before torch loads: c10d warns about every peer whose reverse DNS fails (common on clusters).
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        from hpctrain.dist import env as dist_env
-        from hpctrain.dist import process_group
         from hpctrain.launch.context import RunContext
+        from hpctrain.runtime import env as dist_env
+        from hpctrain.runtime import process_group
 
         env = dist_env.from_environ()
         device = process_group.select_device(env, self.gpus_per_node)
@@ -131,7 +136,10 @@ class Runner:
         try:
             ctx = RunContext(
                 **{f.name: getattr(env, f.name) for f in dataclasses.fields(env)},
-                run_dir=Path(self.run_dir), device=device, backend=backend, hostname=socket.gethostname(),
+                run_dir=Path(self.run_dir),
+                device=device,
+                backend=backend,
+                hostname=socket.gethostname(),
                 args=self.entry_args,
             )
             self._record_rank(ctx, started, joined)
@@ -156,11 +164,19 @@ class Runner:
         atomic_write_json(
             folder / f"rank-{ctx.rank}.json",
             {
-                "rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
-                "world_size": ctx.world_size, "hostname": ctx.hostname,
-                "address": _local_address(ctx.master_addr, ctx.master_port), "pid": os.getpid(),
-                "device": str(ctx.device), "backend": ctx.backend, "job_id": ctx.job_id,
-                "restart_count": ctx.restart_count, "started_at": started, "joined_at": joined,
+                "rank": ctx.rank,
+                "local_rank": ctx.local_rank,
+                "node_rank": ctx.node_rank,
+                "world_size": ctx.world_size,
+                "hostname": ctx.hostname,
+                "address": _local_address(ctx.master_addr, ctx.master_port),
+                "pid": os.getpid(),
+                "device": str(ctx.device),
+                "backend": ctx.backend,
+                "job_id": ctx.job_id,
+                "restart_count": ctx.restart_count,
+                "started_at": started,
+                "joined_at": joined,
                 "python": sys.executable,
             },
         )
@@ -170,7 +186,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     """``srun python -m hpctrain.launch --entry mod:fn --run-dir DIR [--gpus-per-node N] -- ARGS``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.launch", description="Run an hpctrain entry on this task (use under srun).")
+    parser = argparse.ArgumentParser(
+        prog="python -m hpctrain.launch", description="Run an hpctrain entry on this task (use under srun)."
+    )
     parser.add_argument("--entry", required=True, help="module:function taking a RunContext")
     parser.add_argument("--run-dir", required=True, help="run directory shared by all nodes")
     parser.add_argument("--gpus-per-node", type=int, default=0)
@@ -178,5 +196,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    Runner(entry=args.entry, run_dir=args.run_dir, entry_args=rest, gpus_per_node=args.gpus_per_node, dist_timeout_s=args.dist_timeout)()
+    Runner(
+        entry=args.entry,
+        run_dir=args.run_dir,
+        entry_args=rest,
+        gpus_per_node=args.gpus_per_node,
+        dist_timeout_s=args.dist_timeout,
+    )()
     return 0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain._atomic import atomic_write_json, atomic_write_text
-from hpctrain._errors import HpctrainError, UsageError
+from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.launch.runner import Runner
 from hpctrain.submit.config import SubmitConfig
 from hpctrain.submit.sbatch import slurm_parameters
@@ -74,7 +74,9 @@ def check_entry_imports(entry: str, python: str = sys.executable, timeout: float
         "m = importlib.import_module(sys.argv[1])\n"
         "functools.reduce(getattr, sys.argv[2].split('.'), m)\n"
     )
-    proc = subprocess.run([python, "-c", code, module, func], capture_output=True, text=True, timeout=timeout, cwd=os.getcwd())
+    proc = subprocess.run(
+        [python, "-c", code, module, func], capture_output=True, text=True, timeout=timeout, cwd=os.getcwd()
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
         raise UsageError(f"--entry {entry!r} does not import: {last}")
@@ -83,7 +85,10 @@ def check_entry_imports(entry: str, python: str = sys.executable, timeout: float
 def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
     assert cfg.entry is not None
     return Runner(
-        entry=cfg.entry, run_dir=str(run_dir), entry_args=cfg.entry_args, gpus_per_node=cfg.gpus_per_node,
+        entry=cfg.entry,
+        run_dir=str(run_dir),
+        entry_args=cfg.entry_args,
+        gpus_per_node=cfg.gpus_per_node,
         dist_timeout_s=cfg.dist_timeout,
     )
 
@@ -114,8 +119,11 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
         # One node, the same number of processes as the Slurm job would start.
         executor.update_parameters(
-            timeout_min=cfg.time_min, tasks_per_node=cfg.world_size, nodes=1,
-            signal_delay_s=cfg.signal_lead_s, gpus_per_node=cfg.gpus_per_node,
+            timeout_min=cfg.time_min,
+            tasks_per_node=cfg.world_size,
+            nodes=1,
+            signal_delay_s=cfg.signal_lead_s,
+            gpus_per_node=cfg.gpus_per_node,
         )
     try:
         job = executor.submit(runner)
@@ -131,6 +139,9 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         script = Path(job.paths.submission_file).read_text()
         atomic_write_text(run_dir / "sbatch.sh", script)
         record["sbatch_script"] = str(run_dir / "sbatch.sh")
-    record["logs"] = {"stdout": str(job.paths.stdout).replace("%t", "<rank>"), "stderr": str(job.paths.stderr).replace("%t", "<rank>")}
+    record["logs"] = {
+        "stdout": str(job.paths.stdout).replace("%t", "<rank>"),
+        "stderr": str(job.paths.stderr).replace("%t", "<rank>"),
+    }
     atomic_write_json(run_dir / "submission.json", record)
     return Submission(job=job, job_id=str(job.job_id), run_dir=run_dir, cluster=cluster, submitted_at=submitted_at)

@@ -15,13 +15,23 @@ import sys
 import typing as tp
 from pathlib import Path
 
-from hpctrain._errors import UsageError, cli_entry
+from hpctrain._cli import console_entry
+from hpctrain.errors import UsageError
 from hpctrain.submit.config import DEFAULT_CONFIG_FILE, SubmitConfig, format_time, load_toml
 
 __all__ = ["main", "build_parser", "resolve_config"]
 
 # squeue reasons meaning the request exceeds what the partition/cluster can ever give.
-NEVER_STARTS = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "AssocMaxNodesPerJobLimit", "QOSMaxNodePerJobLimit"})
+NEVER_STARTS = frozenset(
+    {
+        "PartitionConfig",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "BadConstraints",
+        "AssocMaxNodesPerJobLimit",
+        "QOSMaxNodePerJobLimit",
+    }
+)
 
 EPILOG = """\
 examples:
@@ -45,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("resources")
     r.add_argument("--nodes", type=int, metavar="N", help="number of nodes (default 1)")
     r.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs per node; 0 = CPU job with gloo (default 0)")
-    r.add_argument("--tasks-per-node", type=int, metavar="T", help="processes per node (default: one per GPU, 1 on CPU)")
+    r.add_argument(
+        "--tasks-per-node", type=int, metavar="T", help="processes per node (default: one per GPU, 1 on CPU)"
+    )
     r.add_argument("--cpus-per-task", type=int, metavar="C", help="CPU cores per process")
     r.add_argument("--mem", metavar="SIZE", help="memory per node, Slurm units (16G, 4000M)")
     r.add_argument("--time", metavar="LIMIT", help="time limit: MM, HH:MM:SS or D-HH:MM:SS (default 01:00:00)")
@@ -55,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--qos", metavar="NAME", help="Slurm QOS")
     s.add_argument("--constraint", metavar="FEATURES", help="Slurm node features")
     s.add_argument("--job-name", metavar="NAME", help="job name (default hpctrain)")
-    s.add_argument("--signal-lead", type=int, metavar="SECONDS", help="warn tasks (USR2) this long before the limit (default 120)")
+    s.add_argument(
+        "--signal-lead", type=int, metavar="SECONDS", help="warn tasks (USR2) this long before the limit (default 120)"
+    )
     s.add_argument("--max-requeues", type=int, metavar="N", help="requeues allowed after time-outs (default 3)")
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
     s.add_argument("--dist-timeout", type=int, metavar="SECONDS", help="rendezvous timeout per rank (default 600)")
@@ -116,7 +130,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg, ns = resolve_config(argv)
     if not cfg.entry:
-        raise UsageError(f"no training entry: pass --entry module:function, or set [train] entry in ./{DEFAULT_CONFIG_FILE}")
+        raise UsageError(
+            f"no training entry: pass --entry module:function, or set [train] entry in ./{DEFAULT_CONFIG_FILE}"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the job imports the entry from this directory too
     check_entry_static(cfg.entry)
@@ -128,7 +144,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
         from hpctrain.submit.sbatch import render_sbatch
 
         sys.stdout.write(render_sbatch(cfg, folder=run_dir / "logs", python=sys.executable))
-        print(f"# dry run: nothing submitted; cluster={cluster}, world size {cfg.world_size}, run dir {run_dir}", file=sys.stderr)
+        print(
+            f"# dry run: nothing submitted; cluster={cluster}, world size {cfg.world_size}, run dir {run_dir}",
+            file=sys.stderr,
+        )
         return 0
 
     from hpctrain.submit.slurm import SlurmCommands
@@ -137,7 +156,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
     if cluster == "slurm":
         names, _ = slurm.partitions()
         if cfg.partition is not None and cfg.partition not in names:
-            raise UsageError(f"--partition {cfg.partition!r} does not exist on this cluster; sinfo lists: {', '.join(names)}")
+            raise UsageError(
+                f"--partition {cfg.partition!r} does not exist on this cluster; sinfo lists: {', '.join(names)}"
+            )
     backend.check_entry_imports(cfg.entry)
     backend.prepare_run_dir(run_dir)
     sub = backend.submit(cfg, run_dir=run_dir, cluster=cluster, argv=["-m", "hpctrain.submit", *argv])
@@ -152,19 +173,29 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
 
     console = console or Console(highlight=False, soft_wrap=True)
     name = escape(cfg.job_name)  # user text: "[x]" in a name or path is not rich markup
-    what = f"{cfg.nodes} node(s) × {cfg.ntasks_per_node} task(s)" + (f", {cfg.gpus_per_node} GPU(s)/node (nccl)" if cfg.gpus_per_node else ", CPU (gloo)")
+    what = f"{cfg.nodes} node(s) × {cfg.ntasks_per_node} task(s)" + (
+        f", {cfg.gpus_per_node} GPU(s)/node (nccl)" if cfg.gpus_per_node else ", CPU (gloo)"
+    )
     if sub.cluster == "slurm":
         state = slurm.job_state(sub.job_id)
-        console.print(f"[bold green]Submitted job {sub.job_id}[/] ({name}) to Slurm: {what}, limit {format_time(cfg.time_min * 60)}")
+        console.print(
+            f"[bold green]Submitted job {sub.job_id}[/] ({name}) to Slurm: {what}, "
+            f"limit {format_time(cfg.time_min * 60)}"
+        )
         why = f", reason {state.reason}" if state.reason else ""
         console.print(f"  state   : {state.state} ({state.source or 'not yet visible'}{why})")
         if state.reason in NEVER_STARTS:
-            console.print(f"  [bold yellow]warning[/]: Slurm says {state.reason}: this job cannot start as requested (check --nodes/--partition/--time against sinfo)")
+            console.print(
+                f"  [bold yellow]warning[/]: Slurm says {state.reason}: this job cannot start as requested "
+                "(check --nodes/--partition/--time against sinfo)"
+            )
     else:
         console.print(f"[bold green]Running job {sub.job_id}[/] ({name}) locally: {cfg.world_size} process(es), {what}")
     console.print(f"  run dir : {escape(str(sub.run_dir))}")
-    console.print(f"  logs    : {escape(str(sub.log_path(0)))} (rank 0); "
-                  f"{escape(str(sub.run_dir / 'logs'))}/{sub.job_id}_<rank>_log.{{out,err}}")
+    console.print(
+        f"  logs    : {escape(str(sub.log_path(0)))} (rank 0); "
+        f"{escape(str(sub.run_dir / 'logs'))}/{sub.job_id}_<rank>_log.{{out,err}}"
+    )
     if sub.cluster == "slurm":
         console.print(f"  follow  : tail -f {escape(shlex.quote(str(sub.log_path(0))))}   ·   squeue -j {sub.job_id}")
         console.print(f"  cancel  : scancel {sub.job_id}")
@@ -176,7 +207,9 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
     else:
         return 0
     ok = final.state == "COMPLETED"
-    console.print(f"job {sub.job_id} ended {final.state}" + ("" if ok else f"; see {escape(str(sub.log_path(0, 'err')))}"))
+    console.print(
+        f"job {sub.job_id} ended {final.state}" + ("" if ok else f"; see {escape(str(sub.log_path(0, 'err')))}")
+    )
     return 0 if ok else 1
 
 
@@ -190,4 +223,4 @@ def _local_state(job: tp.Any) -> tp.Any:
 
 
 def run() -> None:
-    cli_entry(main, "hpctrain.submit")
+    console_entry(main, "submit")

@@ -13,7 +13,7 @@ import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 
 try:  # Python 3.11+
     import tomllib
@@ -120,14 +120,33 @@ class SubmitConfig:
     """The entry's own arguments (after ``--`` on the command line; ``[train] args`` in TOML)."""
 
     def __post_init__(self) -> None:
-        for name in ("mem", "time", "partition", "account", "qos", "constraint", "job_name", "run_dir", "cluster", "entry"):
+        for name in (
+            "mem",
+            "time",
+            "partition",
+            "account",
+            "qos",
+            "constraint",
+            "job_name",
+            "run_dir",
+            "cluster",
+            "entry",
+        ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 if name in ("time", "mem") and isinstance(value, int) and not isinstance(value, bool):
                     setattr(self, name, str(value))  # `time = 30` in TOML means 30 minutes, as in Slurm
                 else:
                     raise UsageError(f"--{name.replace('_', '-')} {value!r} must be a string")
-        for name in ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "max_requeues", "dist_timeout", "signal_lead"):
+        for name in (
+            "nodes",
+            "gpus_per_node",
+            "tasks_per_node",
+            "cpus_per_task",
+            "max_requeues",
+            "dist_timeout",
+            "signal_lead",
+        ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise UsageError(f"--{name.replace('_', '-')} {value!r} must be an integer")

@@ -59,7 +59,11 @@ def follow(
 
     def status() -> Text:
         where = f" on {state.nodes}" if state.nodes else ""
-        return Text(f"job {job_id}: {state.state}{where} · {state.elapsed or '0:00'} · {clock() - start:.0f}s following {log_path.name}", style="bold cyan")
+        return Text(
+            f"job {job_id}: {state.state}{where} · {state.elapsed or '0:00'} · "
+            f"{clock() - start:.0f}s following {log_path.name}",
+            style="bold cyan",
+        )
 
     with Live(status(), console=console, refresh_per_second=4, transient=True) as live:
         while True:

@@ -11,13 +11,24 @@ import shutil
 import subprocess
 import typing as tp
 
-from hpctrain._errors import HpctrainError
+from hpctrain.errors import HpctrainError
 
 __all__ = ["SlurmCommands", "SlurmCommandError", "TERMINAL_STATES", "JobState"]
 
 # sacct/squeue states after which the job will not run again by itself.
 TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "REVOKED",
+    }
 )
 
 

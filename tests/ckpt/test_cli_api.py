@@ -11,15 +11,20 @@ from pathlib import Path
 import pytest
 
 import hpctrain.ckpt
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 from tests.ckpt import workers as w
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpctrain", "ckpt", *args], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "ckpt", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +39,12 @@ def test_ls_json_and_table(ckdir):
     r = cli("ls", str(ckdir), "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
-    assert [(x["step"], x["status"]) for x in rows] == [(1, "committed"), (2, "committed"), (3, "committed"),
-                                                        (4, "abandoned")]
+    assert [(x["step"], x["status"]) for x in rows] == [
+        (1, "committed"),
+        (2, "committed"),
+        (3, "committed"),
+        (4, "abandoned"),
+    ]
     assert rows[0]["world_size"] == 1 and rows[0]["bytes"] > 1000 and rows[0]["run_id"] == "run-abc"
     table = cli("ls", str(ckdir))
     assert table.returncode == 0 and "committed" in table.stdout and "abandoned" in table.stdout
@@ -76,7 +85,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     r = cli("ls", str(tmp_path / "nope"))
     assert r.returncode == 2 and "is not a directory" in r.stderr
     r = cli("frobnicate", str(tmp_path))
-    assert r.returncode == 2 and r.stderr.startswith("hpctrain: error:")
+    assert r.returncode == 2 and r.stderr.startswith("hpctrain ckpt: error:")
 
 
 def test_cli_never_imports_torch(ckdir):
@@ -88,8 +97,13 @@ def test_cli_never_imports_torch(ckdir):
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]\n"
         "assert not bad, bad\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -97,9 +111,13 @@ def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
     assert sorted(hpctrain.ckpt.__all__) == ["CheckpointConfig", "Checkpointer", "FAULT_POINTS", "RestoreResult"]
     for name in hpctrain.ckpt.__all__:
         assert getattr(hpctrain.ckpt, name) is not None
-    for kw, needle in [({"keep_last": -1}, "keep_last"), ({"keep_every": -2}, "keep_every"),
-                       ({"agreement_timeout_s": 0}, "agreement_timeout_s"), ({"free_space_margin": 0.5}, "free_space_margin"),
-                       ({"lustre_stripe": "-c -1"}, "lustre_stripe")]:
+    for kw, needle in [
+        ({"keep_last": -1}, "keep_last"),
+        ({"keep_every": -2}, "keep_every"),
+        ({"agreement_timeout_s": 0}, "agreement_timeout_s"),
+        ({"free_space_margin": 0.5}, "free_space_margin"),
+        ({"lustre_stripe": "-c -1"}, "lustre_stripe"),
+    ]:
         with pytest.raises(UsageError, match=needle):
             hpctrain.ckpt.CheckpointConfig(dir=str(tmp_path), **kw)
 

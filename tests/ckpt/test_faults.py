@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain._errors import HpctrainError
 from hpctrain.ckpt import FAULT_POINTS, Checkpointer
-from hpctrain.ckpt._format import FormatError, verify_dir
+from hpctrain.ckpt._format import CheckpointFormatError, verify_dir
 from hpctrain.ckpt._scan import scan
+from hpctrain.errors import HpctrainError
 from tests.ckpt import workers as w
 from tests.multiproc import run_world
 
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # rank that dies at each point: shard-writing points on a non-zero rank, publishing points on rank 0
 KILLS = [(p, 1) for p in ("start", "before_write", "after_write", "after_fsync", "after_agree")] + [
-    (p, 0) for p in ("after_agree", "after_manifest", "after_rename", "after_latest")]
+    (p, 0) for p in ("after_agree", "after_manifest", "after_rename", "after_latest")
+]
 
 
 def statuses(d: Path):
@@ -34,8 +35,7 @@ def statuses(d: Path):
 @pytest.mark.parametrize("point,rank", KILLS, ids=[f"{p}-rank{r}" for p, r in KILLS])
 def test_sigkill_at_any_protocol_point_leaves_old_or_new_committed_step(tmp_path, point, rank):
     assert point in FAULT_POINTS
-    res = run_world(w.save_steps, 2, str(tmp_path), [1, 2], True, 2, f"{point}:{rank}",
-                    allow_failures=True, timeout=90)
+    res = run_world(w.save_steps, 2, str(tmp_path), [1, 2], True, 2, f"{point}:{rank}", allow_failures=True, timeout=90)
     assert res.exitcodes[rank] == -9  # really killed
     # once every rank has reported a durable shard, rank 0 publishes even if that peer dies now
     published = point in ("after_rename", "after_latest") or (point, rank) == ("after_agree", 1)
@@ -83,8 +83,13 @@ def _corrupt(kind: str, ckpt: Path) -> str:
 def test_corrupted_newest_step_is_named_quarantined_and_restore_falls_back(tmp_path, kind, caplog):
     w.save_steps(0, 1, str(tmp_path), [1, 2])
     name = _corrupt(kind, tmp_path / "step-000000002")
-    cli = subprocess.run([sys.executable, "-m", "hpctrain", "ckpt", "verify", str(tmp_path)],
-                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cli = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "ckpt", "verify", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert cli.returncode == 1
     assert "step-000000002" in cli.stdout and (name in cli.stdout or "MANIFEST" in cli.stdout)
     assert "step-000000001: OK" in cli.stdout
@@ -127,7 +132,7 @@ def test_malicious_pickle_shard_is_never_executed(tmp_path):
     m = json.loads((ckpt / "MANIFEST.json").read_text())
     m["shards"][0].update(bytes=len(payload), crc32=zlib.crc32(payload))  # a consistent, hostile checkpoint
     (ckpt / "MANIFEST.json").write_text(json.dumps(m))
-    with pytest.raises(FormatError, match="not an hpctrain shard"):
+    with pytest.raises(CheckpointFormatError, match="not an hpctrain shard"):
         verify_dir(ckpt)
     assert w.restore_hash(0, 1, str(tmp_path)) is None
     assert not marker.exists()
@@ -141,7 +146,7 @@ def test_malicious_pickle_shard_is_never_executed(tmp_path):
         bad.write_bytes(encode_header({"entries": [e]}) + bytes(16))
         from hpctrain.ckpt._format import read_header
 
-        with pytest.raises(FormatError, match=msg):
+        with pytest.raises(CheckpointFormatError, match=msg):
             read_header(bad)
 
 

@@ -30,11 +30,17 @@ def test_unusual_tensors_round_trip_by_value_and_sync_writes_what_async_writes(t
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
 
     z = torch.arange(6, dtype=torch.float32).view(torch.complex64)
-    state = {"conj": z.conj(), "neg": torch._neg_view(torch.arange(4.0)), "strided": torch.arange(12.0).view(3, 4).t(),
-             "empty": torch.zeros(0, 3), "bf16": torch.arange(5, dtype=torch.bfloat16),
-             "big": torch.arange(100_003, dtype=torch.float32), "small_after_big": torch.arange(3.0),
-             "big_strided": torch.arange(300 * 300, dtype=torch.float32).view(300, 300).t(),
-             "big_neg": torch._neg_view(torch.arange(70_001, dtype=torch.float64))}
+    state = {
+        "conj": z.conj(),
+        "neg": torch._neg_view(torch.arange(4.0)),
+        "strided": torch.arange(12.0).view(3, 4).t(),
+        "empty": torch.zeros(0, 3),
+        "bf16": torch.arange(5, dtype=torch.bfloat16),
+        "big": torch.arange(100_003, dtype=torch.float32),
+        "small_after_big": torch.arange(3.0),
+        "big_strided": torch.arange(300 * 300, dtype=torch.float32).view(300, 300).t(),
+        "big_neg": torch._neg_view(torch.arange(70_001, dtype=torch.float64)),
+    }
     expect = {k: v.resolve_conj().resolve_neg().clone() for k, v in state.items()}
     ck = Checkpointer(CheckpointConfig(dir=tmp_path, keep_last=5))
     ck.save(1, extra=state, blocking=True)
@@ -48,7 +54,7 @@ def test_unusual_tensors_round_trip_by_value_and_sync_writes_what_async_writes(t
     sync, async_ = (tmp_path / f"step-00000000{n}" / "rank-00000-of-00001.shard" for n in (1, 2))
     hs, ha = read_header(sync), read_header(async_)
     assert hs.header["entries"] == ha.header["entries"]
-    assert sync.read_bytes()[hs.data_start:] == async_.read_bytes()[ha.data_start:]
+    assert sync.read_bytes()[hs.data_start :] == async_.read_bytes()[ha.data_start :]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -97,7 +103,7 @@ def test_async_save_equals_sync_save(tmp_path):
         for e in hs.header["entries"]:
             if not e["key"].startswith("local/"):
                 at, nb = e["offset"], e["nbytes"]
-                assert bs[hs.data_start + at:][:nb] == ba[ha.data_start + at:][:nb], (shard.name, e["key"])
+                assert bs[hs.data_start + at :][:nb] == ba[ha.data_start + at :][:nb], (shard.name, e["key"])
     assert w.restore_hash(0, 1, str(tmp_path / "async"))["hash"] == w.expected_hash(4)
 
 
@@ -134,7 +140,7 @@ def test_lustre_striping_runs_lfs_on_the_new_directory_when_configured(tmp_path,
 
     bindir, log = tmp_path / "bin", tmp_path / "lfs.log"
     bindir.mkdir()
-    (bindir / "lfs").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    (bindir / "lfs").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     (bindir / "lfs").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     model, opt, _ = w.build(1)

@@ -78,8 +78,16 @@ def cfg(d: str, **kw: tp.Any) -> CheckpointConfig:
     return CheckpointConfig(dir=d, **kw)
 
 
-def save_steps(rank: int, world: int, d: str, steps: tp.Sequence[int], blocking: bool = True,
-               fault_at: tp.Optional[int] = None, fault: str = "", keep_last: int = 0) -> tp.List[str]:
+def save_steps(
+    rank: int,
+    world: int,
+    d: str,
+    steps: tp.Sequence[int],
+    blocking: bool = True,
+    fault_at: tp.Optional[int] = None,
+    fault: str = "",
+    keep_last: int = 0,
+) -> tp.List[str]:
     """Save each step (state built with seed=step); optionally arm HPCTRAIN_CKPT_FAULT for step ``fault_at``."""
     ck = Checkpointer(cfg(d, keep_last=keep_last), run_id="run-abc")
     out = []
@@ -88,8 +96,15 @@ def save_steps(rank: int, world: int, d: str, steps: tp.Sequence[int], blocking:
         if s == fault_at:
             os.environ["HPCTRAIN_CKPT_FAULT"] = fault
         try:
-            ck.save(s, model=model, optimizer=opt, scheduler=sched, data_state={"epoch": s, "samples": 100 * s},
-                    extra={"note": f"step {s}", "t": torch.arange(s + 3)}, blocking=blocking)
+            ck.save(
+                s,
+                model=model,
+                optimizer=opt,
+                scheduler=sched,
+                data_state={"epoch": s, "samples": 100 * s},
+                extra={"note": f"step {s}", "t": torch.arange(s + 3)},
+                blocking=blocking,
+            )
             ck.wait()
             out.append(f"ok {s}")
         except Exception as exc:  # noqa: BLE001 - reported to the test
@@ -109,9 +124,15 @@ def restore_hash(rank: int, world: int, d: str, **kw: tp.Any) -> tp.Optional[tp.
     if res is None:
         return None
     return {
-        "step": res.step, "hash": state_hash(model, opt, sched), "data_state": res.data_state,
-        "extra_note": res.extra["note"], "extra_t": res.extra["t"].tolist(), "saved_world": res.saved_world_size,
-        "rng_restored": res.rng_restored, "quarantined": res.quarantined, "run_id": res.run_id,
+        "step": res.step,
+        "hash": state_hash(model, opt, sched),
+        "data_state": res.data_state,
+        "extra_note": res.extra["note"],
+        "extra_t": res.extra["t"].tolist(),
+        "saved_world": res.saved_world_size,
+        "rng_restored": res.rng_restored,
+        "quarantined": res.quarantined,
+        "run_id": res.run_id,
     }
 
 
@@ -133,8 +154,9 @@ def train_resume(rank: int, world: int, d: str, total: int, save_at: int) -> tp.
             opt.zero_grad()
             sched.step()
             if ck is not None and step + 1 == save_at:
-                ck.save(step + 1, model=model, optimizer=opt, scheduler=sched, data_state={"step": step + 1},
-                        blocking=False)
+                ck.save(
+                    step + 1, model=model, optimizer=opt, scheduler=sched, data_state={"step": step + 1}, blocking=False
+                )
 
     torch.manual_seed(1234 + rank)  # rank-local RNG streams (dropout differs per rank)
     ddp = torch.nn.parallel.DistributedDataParallel(build(seed=5, steps=0)[0]) if dist.is_initialized() else None

@@ -20,11 +20,20 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), TORCH_CPP_LOG_LEVEL="ERROR")
 
 
 def submit(args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "hpctrain.submit", *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain.submit", *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def sacct_state(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
+    ).stdout.split()
     return out[-1] if out else ""
 
 
@@ -37,7 +46,9 @@ def sacct_job_name(job_id: str, timeout: float = 30) -> str:
     """
     deadline = time.monotonic() + timeout
     while True:
-        got = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName"], capture_output=True, text=True).stdout.strip()
+        got = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName"], capture_output=True, text=True
+        ).stdout.strip()
         if (got and got != "allocation") or time.monotonic() > deadline:
             return got
         time.sleep(0.5)
@@ -57,8 +68,22 @@ def wait_final(job_id: str, timeout: float = 180) -> str:
 
 def test_two_nodes_two_tasks_allreduce_and_ddp_step(tmp_path):
     run_dir = tmp_path / "ddp"
-    args = ["--nodes", "2", "--tasks-per-node", "2", "--gpus-per-node", "0", "--time", "5", "--job-name", "ddp-probe",
-            "--entry", "tests.entries:allreduce_probe", "--run-dir", str(run_dir)]
+    args = [
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "2",
+        "--gpus-per-node",
+        "0",
+        "--time",
+        "5",
+        "--job-name",
+        "ddp-probe",
+        "--entry",
+        "tests.entries:allreduce_probe",
+        "--run-dir",
+        str(run_dir),
+    ]
     proc = submit([*args, "--follow", "--", "--marker", "42"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((run_dir / "submission.json").read_text())
@@ -86,18 +111,43 @@ def test_two_nodes_two_tasks_allreduce_and_ddp_step(tmp_path):
         assert f"hpctrain: rank {rank}/4" in out
         assert (logs / f"{job_id}_{rank}_log.err").exists()
     # What was submitted is exactly what --dry-run prints for the same configuration.
-    cfg = SubmitConfig(nodes=2, tasks_per_node=2, gpus_per_node=0, time="5", job_name="ddp-probe", entry="tests.entries:allreduce_probe")
+    cfg = SubmitConfig(
+        nodes=2,
+        tasks_per_node=2,
+        gpus_per_node=0,
+        time="5",
+        job_name="ddp-probe",
+        entry="tests.entries:allreduce_probe",
+    )
     assert (run_dir / "sbatch.sh").read_text() == render_sbatch(cfg, folder=logs, python=sys.executable)
     ranks = [json.loads(p.read_text()) for p in (run_dir / "ranks" / f"{job_id}-r0").glob("rank-*.json")]
-    print(f"\nsbatch -> all 4 ranks started: {max(r['started_at'] for r in ranks) - record['submitted_at']:.2f}s, "
-          f"joined the group: {max(r['joined_at'] for r in ranks) - record['submitted_at']:.2f}s")
+    print(
+        f"\nsbatch -> all 4 ranks started: {max(r['started_at'] for r in ranks) - record['submitted_at']:.2f}s, "
+        f"joined the group: {max(r['joined_at'] for r in ranks) - record['submitted_at']:.2f}s"
+    )
 
 
 def test_hostile_run_dir_and_job_name_run_without_injection(tmp_path):
-    name = "we'ird \"name\"; $(touch PWNED) `touch PWNED`"
+    name = 'we\'ird "name"; $(touch PWNED) `touch PWNED`'
     run_dir = tmp_path / "a b'; $(touch PWNED)"
-    proc = submit(["--nodes", "1", "--time", "5", "--job-name", name, "--entry", "hpctrain.examples.demo:main",
-                   "--run-dir", str(run_dir), "--follow", "--", "--steps", "2"])
+    proc = submit(
+        [
+            "--nodes",
+            "1",
+            "--time",
+            "5",
+            "--job-name",
+            name,
+            "--entry",
+            "hpctrain.examples.demo:main",
+            "--run-dir",
+            str(run_dir),
+            "--follow",
+            "--",
+            "--steps",
+            "2",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job_id = json.loads((run_dir / "submission.json").read_text())["job_id"]
     assert json.loads((run_dir / "demo_result.json").read_text())["steps"] == 2
@@ -114,33 +164,72 @@ def test_demo_on_hdf5_data_checkpoints_on_2_nodes_and_resumes_on_1(tmp_path):
     ck = tmp_path / "ck"
     demo = ["--data", data, "--batch-size", "32", "--workers", "1", "--ckpt-every", "3", "--ckpt-dir", str(ck)]
     for nodes, steps, run in ((2, 7, "a"), (1, 10, "b")):
-        proc = submit(["--nodes", str(nodes), "--time", "5", "--entry", "hpctrain.examples.demo:main",
-                       "--run-dir", str(tmp_path / run), "--follow", "--", "--steps", str(steps), *demo])
+        proc = submit(
+            [
+                "--nodes",
+                str(nodes),
+                "--time",
+                "5",
+                "--entry",
+                "hpctrain.examples.demo:main",
+                "--run-dir",
+                str(tmp_path / run),
+                "--follow",
+                "--",
+                "--steps",
+                str(steps),
+                *demo,
+            ]
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
     first = json.loads((tmp_path / "a" / "demo_result.json").read_text())
     second = json.loads((tmp_path / "b" / "demo_result.json").read_text())
     assert first["world_size"] == 2 and first["steps"] == 7 and first["resumed"] is None
     assert second["world_size"] == 1 and second["resumed"]["step"] == 7 and second["resumed"]["saved_world_size"] == 2
     assert second["steps_run"] == 3 and second["weights_in_sync"]
-    verify = subprocess.run([sys.executable, "-m", "hpctrain", "ckpt", "verify", str(ck), "--json"], cwd=ROOT, env=ENV,
-                            capture_output=True, text=True)
+    verify = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "ckpt", "verify", str(ck), "--json"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
     assert verify.returncode == 0 and [r["step"] for r in json.loads(verify.stdout)] == [9, 10]
 
 
 def test_unknown_partition_names_the_real_ones(tmp_path):
     proc = submit(["--partition", "nosuch", "--entry", "hpctrain.examples.demo:main", "--run-dir", str(tmp_path / "r")])
     assert proc.returncode == 2
-    assert "--partition 'nosuch' does not exist on this cluster; sinfo lists: debug, low, lownograce, high" in proc.stderr
+    assert (
+        "--partition 'nosuch' does not exist on this cluster; sinfo lists: debug, low, lownograce, high" in proc.stderr
+    )
     assert not (tmp_path / "r").exists()
 
 
 def test_plain_sbatch_template_runs_the_same_entry(tmp_path):
     run_dir = tmp_path / "plain"
-    env = dict(ENV, HPCTRAIN_ENTRY="tests.entries:allreduce_probe", HPCTRAIN_RUN_DIR=str(run_dir), HPCTRAIN_PYTHON=sys.executable)
+    env = dict(
+        ENV,
+        HPCTRAIN_ENTRY="tests.entries:allreduce_probe",
+        HPCTRAIN_RUN_DIR=str(run_dir),
+        HPCTRAIN_PYTHON=sys.executable,
+    )
     out = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--time=5", f"--output={tmp_path}/batch-%j.out",
-         str(ROOT / "sbatch_templates" / "ddp.sbatch"), "--from-template"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--time=5",
+            f"--output={tmp_path}/batch-%j.out",
+            str(ROOT / "sbatch_templates" / "ddp.sbatch"),
+            "--from-template",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     job_id = out.split(";")[0]
     assert wait_final(job_id) == "COMPLETED", (tmp_path / f"batch-{job_id}.out").read_text()
@@ -152,8 +241,21 @@ def test_plain_sbatch_template_runs_the_same_entry(tmp_path):
 def test_launch_in_the_batch_shell_fails_fast_with_advice(tmp_path):
     cmd = f"{sys.executable} -m hpctrain.launch --entry tests.entries:allreduce_probe --run-dir {tmp_path}"
     job_id = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=1", "--ntasks=2", "--time=2", f"--output={tmp_path}/out-%j.txt", "--wrap", cmd],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--ntasks=2",
+            "--time=2",
+            f"--output={tmp_path}/out-%j.txt",
+            "--wrap",
+            cmd,
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert wait_final(job_id) == "FAILED"
     text = (tmp_path / f"out-{job_id}.txt").read_text()
@@ -163,12 +265,18 @@ def test_launch_in_the_batch_shell_fails_fast_with_advice(tmp_path):
 def test_second_up_is_a_noop():
     base = Path(os.environ.get("DEVCLUSTER_DIR", "/tmp/hpctrain-devcluster"))
     before = (base / "run" / "slurmctld.pid").read_text()
-    proc = subprocess.run([str(ROOT / "tests" / "cluster" / "devcluster"), "up"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(ROOT / "tests" / "cluster" / "devcluster"), "up"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and "already up" in proc.stderr
     assert (base / "run" / "slurmctld.pid").read_text() == before
-    status = subprocess.run([str(ROOT / "tests" / "cluster" / "devcluster"), "status"], capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [str(ROOT / "tests" / "cluster" / "devcluster"), "status"], capture_output=True, text=True, timeout=60
+    )
     assert status.returncode == 0 and "accounting: sacct answers" in status.stdout
-    assert status.stdout.count("running (pid") >= 6  # munge (unless pre-existing), mariadb, slurmdbd, slurmctld, 4 slurmd
+    assert (
+        status.stdout.count("running (pid") >= 6
+    )  # munge (unless pre-existing), mariadb, slurmdbd, slurmctld, 4 slurmd
 
 
 def test_request_larger_than_the_cluster_is_flagged(tmp_path):

@@ -18,16 +18,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_cli(*args, code="from hpctrain.__main__ import run; run()"):
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, "-c", code + "", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code + "", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_synth_then_inspect_without_torch(tmp_path):
     out = tmp_path / "demo.h5"
-    code = ("import sys; sys.argv[0] = 'hpctrain'; from hpctrain.__main__ import main; rc = main(sys.argv[1:]); "
-            "assert 'torch' not in sys.modules, 'torch imported'; raise SystemExit(rc)")
-    r = run_cli("data", "synth", str(out), "--samples", "300", "--compression", "gzip", "--chunk-samples", "32",
-                code=code)
+    code = (
+        "import sys; sys.argv[0] = 'hpctrain'; from hpctrain.__main__ import main; rc = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; raise SystemExit(rc)"
+    )
+    r = run_cli(
+        "data", "synth", str(out), "--samples", "300", "--compression", "gzip", "--chunk-samples", "32", code=code
+    )
     assert r.returncode == 0, r.stderr
     assert "300 samples" in r.stdout
     r = run_cli("data", "inspect", str(out), code=code)
@@ -51,7 +55,7 @@ def test_inspect_warnings(tmp_path):
 def test_errors_are_one_line_exit_2(tmp_path):
     r = run_cli("data", "inspect", str(tmp_path / "nope.h5"))
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
-    assert r.stderr.startswith("hpctrain: error:") and "nope.h5: no such file" in r.stderr
+    assert r.stderr.startswith("hpctrain data: error:") and "nope.h5: no such file" in r.stderr
     r = run_cli("data", "synth", str(tmp_path / "o.h5"))
     assert r.returncode == 2 and "--samples" in r.stderr
 
@@ -76,8 +80,13 @@ def test_gpu_check_fails_cleanly_without_cuda(tmp_path):
     if torch.cuda.is_available():
         return
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_loader.py"), "--out", str(tmp_path)],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check_loader.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 3 and "CUDA" in r.stderr and r.stderr.strip().count("\n") == 0
 
 
@@ -85,10 +94,16 @@ def test_synth_into_a_missing_directory_is_a_one_line_error(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "hpctrain", "data", "synth", str(tmp_path / "no" / "d.h5"), "--samples", "10"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "data", "synth", str(tmp_path / "no" / "d.h5"), "--samples", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"hpctrain: error: data synth: {tmp_path / 'no'} is not a directory; create it first or choose another OUT"]
+    assert proc.stderr.strip().splitlines() == [
+        f"hpctrain data: error: data synth: {tmp_path / 'no'} is not a directory; create it first or choose another OUT"
+    ]
 
 
 def test_inspect_prints_bracketed_paths_literally(tmp_path):
@@ -101,8 +116,13 @@ def test_inspect_prints_bracketed_paths_literally(tmp_path):
     make_dataset(path, 50, shape=(2,))
     import os
 
-    proc = subprocess.run([sys.executable, "-m", "hpctrain", "data", "inspect", str(path)], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, COLUMNS="400"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "data", "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="400"),
+    )
     import re
 
     # rich wraps a long title to the table's width: undo the wrap, then look for the literal path

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpctrain._errors import UsageError
 from hpctrain.data import H5DataConfig, H5Loader
 from hpctrain.data.synth import make_dataset
+from hpctrain.errors import UsageError
 
 
 def load(files, keys=("x", "y"), **kw):
@@ -87,22 +87,26 @@ def test_rank_would_get_no_batches(files, tmp_path):
 
 def test_world_size_must_divide_global_batch(files):
     with pytest.raises(UsageError, match=r"global_batch_size \(10\) is not divisible by the world size \(4\)"):
-        H5Loader(H5DataConfig(files=files["gzip"], keys=("x",), global_batch_size=10, num_workers=0),
-                 rank=1, world_size=4)
+        H5Loader(
+            H5DataConfig(files=files["gzip"], keys=("x",), global_batch_size=10, num_workers=0), rank=1, world_size=4
+        )
     with pytest.raises(UsageError, match="rank 4 is not in"):
         H5Loader(H5DataConfig(files=files["gzip"], keys=("x",), global_batch_size=8), rank=4, world_size=4)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(files=[]), "H5DataConfig.files is empty"),
-    (dict(keys=()), "H5DataConfig.keys is empty"),
-    (dict(global_batch_size=0), "H5DataConfig.global_batch_size must be an integer >= 1"),
-    (dict(tail="wrap"), "H5DataConfig.tail must be one of drop, pad, exact"),
-    (dict(start_method="thread"), "H5DataConfig.start_method must be one of"),
-    (dict(partitions=3), r"H5DataConfig.partitions \(3\) must divide global_batch_size \(8\)"),
-    (dict(num_workers=-1), "H5DataConfig.num_workers must be an integer >= 0"),
-    (dict(keys=("x", "index")), "may not contain 'index'"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(files=[]), "H5DataConfig.files is empty"),
+        (dict(keys=()), "H5DataConfig.keys is empty"),
+        (dict(global_batch_size=0), "H5DataConfig.global_batch_size must be an integer >= 1"),
+        (dict(tail="wrap"), "H5DataConfig.tail must be one of drop, pad, exact"),
+        (dict(start_method="thread"), "H5DataConfig.start_method must be one of"),
+        (dict(partitions=3), r"H5DataConfig.partitions \(3\) must divide global_batch_size \(8\)"),
+        (dict(num_workers=-1), "H5DataConfig.num_workers must be an integer >= 0"),
+        (dict(keys=("x", "index")), "may not contain 'index'"),
+    ],
+)
 def test_config_validation_names_the_option(kw, match):
     base = dict(files=["a.h5"], keys=("x",), global_batch_size=8)
     base.update(kw)

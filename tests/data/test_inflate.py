@@ -7,8 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hpctrain._errors import UsageError
 from hpctrain.data._h5 import Reader, scan
+from hpctrain.errors import UsageError
 
 
 def _write(path, n=1000, chunk=64, **kw):
@@ -40,8 +40,10 @@ def test_inflate_path_equals_libhdf5(tmp_path):
         np.testing.assert_array_equal(out["y"], y[ids])
 
 
-@pytest.mark.parametrize("kw", [{"compression": "gzip", "shuffle": True}, {"compression": "lzf"},
-                                {"compression": "gzip", "fletcher32": True}])
+@pytest.mark.parametrize(
+    "kw",
+    [{"compression": "gzip", "shuffle": True}, {"compression": "lzf"}, {"compression": "gzip", "fletcher32": True}],
+)
 def test_other_filter_pipelines_go_through_libhdf5(tmp_path, kw):
     path = tmp_path / "f.h5"
     _write(path, **kw)
@@ -53,7 +55,9 @@ def test_other_filter_pipelines_go_through_libhdf5(tmp_path, kw):
 def test_unwritten_chunks_fall_back_to_the_fill_value(tmp_path):
     path = tmp_path / "sparse.h5"
     with h5py.File(path, "w") as f:
-        d = f.create_dataset("x", shape=(256, 3, 4, 4), dtype=np.float32, chunks=(64, 3, 4, 4), compression="gzip", fillvalue=7.0)
+        d = f.create_dataset(
+            "x", shape=(256, 3, 4, 4), dtype=np.float32, chunks=(64, 3, 4, 4), compression="gzip", fillvalue=7.0
+        )
         d[0:64] = 1.0  # chunks 1..3 are never written
         f.create_dataset("y", data=np.arange(256, dtype=np.int64), chunks=(64,), compression="gzip")
     _, outs = _read(path, [np.array([10, 100, 200])])

@@ -12,13 +12,14 @@ import psutil
 import pytest
 import torch
 
-from hpctrain._errors import HpctrainError, UsageError
 from hpctrain.data import H5DataConfig, H5Loader
+from hpctrain.errors import HpctrainError, UsageError
 
 
 def cfg(files, **kw):
-    base = dict(files=files, keys=("x", "y"), global_batch_size=40, seed=3, num_workers=2, start_method="fork",
-                window_chunks=4)
+    base = dict(
+        files=files, keys=("x", "y"), global_batch_size=40, seed=3, num_workers=2, start_method="fork", window_chunks=4
+    )
     base.update(kw)
     return H5DataConfig(**base)
 
@@ -46,8 +47,9 @@ def test_reads_the_right_samples_and_covers_the_epoch(files, name):
         batches = []
         for b in loader:
             keep = b["valid"]
-            assert (b["y"] == (b["x"].reshape(len(keep), -1)[:, 0].long() - (0 if name != "multi" else 0)) % 10
-                    ).any() or name.startswith("multi")  # labels restart at 0 in each file
+            assert (
+                b["y"] == (b["x"].reshape(len(keep), -1)[:, 0].long() - (0 if name != "multi" else 0)) % 10
+            ).any() or name.startswith("multi")  # labels restart at 0 in each file
             batches.append([i for i, v in zip(check_batch(b), keep.tolist()) if v])
         got = sum(batches, [])
         assert sorted(got) == list(range(n))
@@ -63,8 +65,10 @@ def test_labels_follow_samples(files):
 
 def test_same_seed_same_order_new_epoch_new_order_workers_do_not_matter(files):
     f = files["multi"]
-    with H5Loader(cfg(f, num_workers=0), rank=0, world_size=1) as a, \
-            H5Loader(cfg(f, num_workers=2), rank=0, world_size=1) as b:
+    with (
+        H5Loader(cfg(f, num_workers=0), rank=0, world_size=1) as a,
+        H5Loader(cfg(f, num_workers=2), rank=0, world_size=1) as b,
+    ):
         e0a, e0b = epoch_ids(a), epoch_ids(b)
         assert e0a == e0b
         e1 = epoch_ids(a)
@@ -95,8 +99,12 @@ def test_resume_audit_other_world_size_and_workers(files):
     for before, after, w_before, w_after in [(2, 4, 2, 1), (4, 1, 1, 3)]:
         c = cfg(f, partitions=4, tail="pad", global_batch_size=48)
         loaders = [H5Loader(c, rank=r, world_size=before) for r in range(before)]
-        loaders = [H5Loader(cfg(f, partitions=4, tail="pad", global_batch_size=48, num_workers=w_before),
-                            rank=r, world_size=before) for r in range(before)]
+        loaders = [
+            H5Loader(
+                cfg(f, partitions=4, tail="pad", global_batch_size=48, num_workers=w_before), rank=r, world_size=before
+            )
+            for r in range(before)
+        ]
         stop = int(rng.integers(1, len(loaders[0])))
         seen = []
         its = [iter(x) for x in loaders]
@@ -109,8 +117,9 @@ def test_resume_audit_other_world_size_and_workers(files):
         for x in loaders:
             x.close()
         for r in range(after):
-            with H5Loader(cfg(f, partitions=None, tail="pad", global_batch_size=48, num_workers=w_after),
-                          rank=r, world_size=after) as x:
+            with H5Loader(
+                cfg(f, partitions=None, tail="pad", global_batch_size=48, num_workers=w_after), rank=r, world_size=after
+            ) as x:
                 x.load_state_dict(state)
                 assert x.partitions == 4
                 for b in x:
@@ -246,8 +255,9 @@ def test_contiguous_direct_reads_with_padding(files, workers):
     """The preadv path (no staging): every row right, padded repeats included, across ranks."""
     seen = []
     for r in range(2):
-        with H5Loader(cfg(files["contig"], tail="pad", global_batch_size=128, num_workers=workers),
-                      rank=r, world_size=2) as x:
+        with H5Loader(
+            cfg(files["contig"], tail="pad", global_batch_size=128, num_workers=workers), rank=r, world_size=2
+        ) as x:
             for b in x:
                 seen += check_batch(b)
     assert set(seen) == set(range(900)) and len(seen) == 8 * 128
@@ -268,12 +278,14 @@ def test_dtypes_big_endian_half_and_bytes(tmp_path):
     n = 100
     with h5py.File(path, "w") as f:
         f.create_dataset("be", data=np.arange(n * 80, dtype=">f4").reshape(n, 80))  # contiguous, big-endian
-        f.create_dataset("half", data=np.arange(n, dtype=np.float16)[:, None].repeat(4, 1), chunks=(10, 4),
-                         compression="gzip")
+        f.create_dataset(
+            "half", data=np.arange(n, dtype=np.float16)[:, None].repeat(4, 1), chunks=(10, 4), compression="gzip"
+        )
         f.create_dataset("img", data=(np.arange(n * 300) % 251).astype(np.uint8).reshape(n, 300))
         f.create_dataset("flag", data=np.arange(n) % 2 == 0)
-    c = H5DataConfig(files=[str(path)], keys=("be", "half", "img", "flag"), global_batch_size=20, num_workers=1,
-                     start_method="fork")
+    c = H5DataConfig(
+        files=[str(path)], keys=("be", "half", "img", "flag"), global_batch_size=20, num_workers=1, start_method="fork"
+    )
     with H5Loader(c, rank=0, world_size=1) as x:
         for b in x:
             i = b["index"].numpy()

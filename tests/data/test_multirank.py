@@ -25,8 +25,17 @@ def _consume(rank, world_size, files, workers, state, stop_after):
 
     from hpctrain.data import H5DataConfig, H5Loader
 
-    cfg = H5DataConfig(files=files, keys=("x", "y"), global_batch_size=48, seed=11, partitions=4,
-                       tail="pad", num_workers=workers, start_method="forkserver", window_chunks=4)
+    cfg = H5DataConfig(
+        files=files,
+        keys=("x", "y"),
+        global_batch_size=48,
+        seed=11,
+        partitions=4,
+        tail="pad",
+        num_workers=workers,
+        start_method="forkserver",
+        window_chunks=4,
+    )
     seen = []
     with H5Loader(cfg) as loader:
         assert (loader.rank, loader.world_size) == (dist.get_rank(), dist.get_world_size())
@@ -72,8 +81,7 @@ CHILD = textwrap.dedent("""
 def test_workers_exit_when_the_training_process_is_killed(files, method):
     code = CHILD.replace("__START__", repr(method))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", code, *files["gzip"]], stdout=subprocess.PIPE, text=True,
-                            env=env)
+    proc = subprocess.Popen([sys.executable, "-c", code, *files["gzip"]], stdout=subprocess.PIPE, text=True, env=env)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2

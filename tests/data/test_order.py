@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from hpctrain._errors import UsageError
 from hpctrain.data._order import EpochOrder, EpochPlan
+from hpctrain.errors import UsageError
 
 
 def blocks(sizes):
@@ -49,7 +49,7 @@ def test_window_only_mixes_its_own_chunks():
     for w in range(len(o.win_starts) - 1):
         a, b = o.win_starts[w], o.win_starts[w + 1]
         assert len(set(blk[a:b].tolist())) <= 4  # a window spans at most `window` chunks
-        assert set(blk[a:b].tolist()) == set(o.perm[w * 4:(w + 1) * 4].tolist())
+        assert set(blk[a:b].tolist()) == set(o.perm[w * 4 : (w + 1) * 4].tolist())
 
 
 @pytest.mark.parametrize("tail", ["drop", "pad", "exact"])

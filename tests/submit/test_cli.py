@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 from hpctrain.submit import cli
 from tests.submit.fake_slurm import FakeSlurm
 
@@ -17,7 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def submit(args, cwd, *extra_python):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, *extra_python, "-m", "hpctrain.submit", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, *extra_python, "-m", "hpctrain.submit", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -35,7 +40,20 @@ def test_help_and_dry_run_do_not_import_torch(tmp_path):
 
 def test_dry_run_prints_script_and_creates_nothing(tmp_path):
     run_dir = tmp_path / "myrun"
-    proc = submit(["--nodes", "3", "--tasks-per-node", "2", "--entry", "hpctrain.examples.demo:main", "--run-dir", str(run_dir), "--dry-run"], tmp_path)
+    proc = submit(
+        [
+            "--nodes",
+            "3",
+            "--tasks-per-node",
+            "2",
+            "--entry",
+            "hpctrain.examples.demo:main",
+            "--run-dir",
+            str(run_dir),
+            "--dry-run",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#!/bin/bash\n")
     assert "#SBATCH --nodes=3\n" in proc.stdout and "#SBATCH --ntasks-per-node=2\n" in proc.stdout
@@ -44,7 +62,9 @@ def test_dry_run_prints_script_and_creates_nothing(tmp_path):
 
 
 def test_hpctrain_toml_in_cwd_names_the_entry(tmp_path):
-    (tmp_path / "hpctrain.toml").write_text('[job]\ntime = "00:20:00"\n[train]\nentry = "hpctrain.examples.demo:main"\n')
+    (tmp_path / "hpctrain.toml").write_text(
+        '[job]\ntime = "00:20:00"\n[train]\nentry = "hpctrain.examples.demo:main"\n'
+    )
     proc = submit(["--nodes", "8", "--dry-run"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --nodes=8\n" in proc.stdout and "#SBATCH --time=20\n" in proc.stdout
@@ -58,7 +78,11 @@ def test_hpctrain_toml_in_cwd_names_the_entry(tmp_path):
         (["--entry", "no_such_module_xyz:main"], "", "no module named 'no_such_module_xyz'"),
         (["--entry", "hpctrain.examples.demo:nope"], "", "defines no top-level 'nope'"),
         (["--entry", "not-an-entry"], "", "is not of the form"),
-        ([], '[job]\nnodes = 2\ngpus = 4\n[train]\nentry = "hpctrain.examples.demo:main"\n', "unknown key(s) ['gpus'] in [job]"),
+        (
+            [],
+            '[job]\nnodes = 2\ngpus = 4\n[train]\nentry = "hpctrain.examples.demo:main"\n',
+            "unknown key(s) ['gpus'] in [job]",
+        ),
         ([], "", "no training entry"),
         (["--job-name", "a\nb"], None, "--job-name"),
         (["--mem", "lots"], None, "--mem 'lots'"),
@@ -71,7 +95,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, args, toml, 
     proc = submit([*default_entry, *args, "--cluster", "local"], tmp_path)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hpctrain.submit: error: "), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("hpctrain submit: error: "), proc.stderr
     assert message in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == (["hpctrain.toml"] if toml is not None else [])
 
@@ -99,12 +123,30 @@ def test_existing_run_dir_is_never_overwritten(tmp_path, monkeypatch):
     (run_dir / "submission.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match="already holds a submission"):
-        cli.main(["--entry", "hpctrain.examples.demo:main", "--cluster", "local", "--run-dir", str(run_dir)], slurm=FakeSlurm())
+        cli.main(
+            ["--entry", "hpctrain.examples.demo:main", "--cluster", "local", "--run-dir", str(run_dir)],
+            slurm=FakeSlurm(),
+        )
     assert (run_dir / "submission.json").read_text() == "{}"
 
 
 def test_local_cluster_runs_the_demo_with_the_same_number_of_processes(tmp_path):
-    proc = submit(["--cluster", "local", "--nodes", "2", "--entry", "hpctrain.examples.demo:main", "--run-dir", str(tmp_path / "run"), "--", "--steps", "5"], tmp_path)
+    proc = submit(
+        [
+            "--cluster",
+            "local",
+            "--nodes",
+            "2",
+            "--entry",
+            "hpctrain.examples.demo:main",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--",
+            "--steps",
+            "5",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ended COMPLETED" in proc.stdout
     import json

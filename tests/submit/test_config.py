@@ -1,14 +1,22 @@
 import pytest
 
-from hpctrain._errors import UsageError
+from hpctrain.errors import UsageError
 from hpctrain.submit.cli import resolve_config
 from hpctrain.submit.config import SubmitConfig, format_time, load_toml, parse_time
 
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("30", 1800), ("90", 5400), ("5:30", 330), ("01:00:00", 3600), ("2-00", 172800), ("1-02:03", 93780),
-     ("1-02:03:04", 93784), ("0:59:59", 3599)],
+    [
+        ("30", 1800),
+        ("90", 5400),
+        ("5:30", 330),
+        ("01:00:00", 3600),
+        ("2-00", 172800),
+        ("1-02:03", 93780),
+        ("1-02:03:04", 93784),
+        ("0:59:59", 3599),
+    ],
 )
 def test_parse_time_accepts_slurm_formats(text, seconds):
     assert parse_time(text) == seconds
@@ -59,7 +67,13 @@ def test_toml_and_cli_precedence(tmp_path):
         '[job]\nnodes = 4\ntime = "02:00:00"\npartition = "low"\n[train]\nentry = "pkg.mod:fn"\nargs = ["--lr", "1"]\n'
     )
     cfg, _ = resolve_config(["--nodes", "2"], cwd=tmp_path)
-    assert (cfg.nodes, cfg.time, cfg.partition, cfg.entry, cfg.entry_args) == (2, "02:00:00", "low", "pkg.mod:fn", ["--lr", "1"])
+    assert (cfg.nodes, cfg.time, cfg.partition, cfg.entry, cfg.entry_args) == (
+        2,
+        "02:00:00",
+        "low",
+        "pkg.mod:fn",
+        ["--lr", "1"],
+    )
     cfg, _ = resolve_config(["--entry", "x:y", "--", "--lr", "2", "--", "z"], cwd=tmp_path)
     assert cfg.entry == "x:y" and cfg.entry_args == ["--lr", "2", "--", "z"] and cfg.nodes == 4
 

@@ -16,8 +16,17 @@ GOLDEN = Path(__file__).with_name("sbatch_golden.txt")
 
 def golden_config():
     return SubmitConfig(
-        nodes=2, gpus_per_node=4, cpus_per_task=8, mem="64G", time="1-00:00:00", partition="gpu",
-        account="proj", qos="normal", constraint="a100&ib", job_name="golden", entry="pkg.train:main",
+        nodes=2,
+        gpus_per_node=4,
+        cpus_per_task=8,
+        mem="64G",
+        time="1-00:00:00",
+        partition="gpu",
+        account="proj",
+        qos="normal",
+        constraint="a100&ib",
+        job_name="golden",
+        entry="pkg.train:main",
     )
 
 
@@ -37,7 +46,15 @@ def test_gpu_job_requests_gpus_and_one_task_per_gpu():
     assert "#SBATCH --requeue" in text and "#SBATCH --signal=USR2@120" in text and "#SBATCH --time=1440" in text
 
 
-HOSTILE = ["a 0", 'a"=0"', "a'; touch PWNED; echo '", "$(touch PWNED)", "`touch PWNED`", "a;touch PWNED", "x\\y&&touch PWNED"]
+HOSTILE = [
+    "a 0",
+    'a"=0"',
+    "a'; touch PWNED; echo '",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "a;touch PWNED",
+    "x\\y&&touch PWNED",
+]
 
 
 @pytest.mark.parametrize("name", HOSTILE)

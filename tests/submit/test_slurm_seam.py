@@ -1,4 +1,3 @@
-
 from hpctrain.submit.follow import LogTail, follow
 from tests.submit.fake_slurm import FakeSlurm
 
@@ -14,7 +13,10 @@ def test_job_state_moves_from_squeue_to_sacct():
     fake.final["7"] = "COMPLETED"
     seen = [fake.job_state("7") for _ in range(3)]
     assert [(s.state, s.source, s.terminal, s.reason) for s in seen] == [
-        ("PENDING", "squeue", False, "Priority"), ("RUNNING", "squeue", False, ""), ("COMPLETED", "sacct", True, "")]
+        ("PENDING", "squeue", False, "Priority"),
+        ("RUNNING", "squeue", False, ""),
+        ("COMPLETED", "sacct", True, ""),
+    ]
 
 
 def test_job_state_without_accounting_is_unknown_not_an_error():

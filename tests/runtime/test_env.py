@@ -1,6 +1,6 @@
 import pytest
 
-from hpctrain.dist.env import DistEnvError, derive_port, expand_hostlist, expand_tasks_per_node, from_environ
+from hpctrain.runtime.env import DistEnvError, derive_port, expand_hostlist, expand_tasks_per_node, from_environ
 
 
 @pytest.mark.parametrize(
@@ -33,9 +33,16 @@ def test_expand_tasks_per_node():
 
 def slurm_env(**over):
     env = {
-        "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
-        "SLURM_NODEID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
-        "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
     }
     env.update(over)
     return {k: v for k, v in env.items() if v is not None}
@@ -87,10 +94,32 @@ def test_inconsistent_slurm_environment_is_a_clear_error(over, message):
 
 
 def test_submitit_local_and_torchrun_and_single():
-    e = from_environ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_NTASKS": "3",
-                      "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "777"})
-    assert (e.rank, e.world_size, e.master_addr, e.master_port, e.launcher) == (1, 3, "127.0.0.1", derive_port("777"), "submitit-local")
-    e = from_environ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29400"})
+    e = from_environ(
+        {
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_GLOBALID": "1",
+            "SUBMITIT_LOCAL_NTASKS": "3",
+            "SUBMITIT_LOCAL_LOCALID": "1",
+            "SUBMITIT_LOCAL_JOB_ID": "777",
+        }
+    )
+    assert (e.rank, e.world_size, e.master_addr, e.master_port, e.launcher) == (
+        1,
+        3,
+        "127.0.0.1",
+        derive_port("777"),
+        "submitit-local",
+    )
+    e = from_environ(
+        {
+            "RANK": "2",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "h",
+            "MASTER_PORT": "29400",
+        }
+    )
     assert (e.rank, e.world_size, e.num_nodes, e.master_port, e.launcher) == (2, 4, 2, 29400, "torchrun")
     with pytest.raises(DistEnvError, match="MASTER_ADDR"):
         from_environ({"RANK": "0", "WORLD_SIZE": "2"})

@@ -23,7 +23,7 @@ import typing as tp
 import zlib
 from dataclasses import dataclass
 
-from hpctrain._errors import HpctrainError
+from hpctrain.errors import HpctrainError
 
 __all__ = ["DistEnv", "DistEnvError", "from_environ", "expand_hostlist", "expand_tasks_per_node", "derive_port"]
 
@@ -164,7 +164,9 @@ def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
                 "for each other forever; launch the training command with srun"
             )
     rank = _int(environ, "SLURM_PROCID")
-    world = _int(environ, "SLURM_STEP_NUM_TASKS") if "SLURM_STEP_NUM_TASKS" in environ else _int(environ, "SLURM_NTASKS")
+    world = (
+        _int(environ, "SLURM_STEP_NUM_TASKS") if "SLURM_STEP_NUM_TASKS" in environ else _int(environ, "SLURM_NTASKS")
+    )
     local_rank = _int(environ, "SLURM_LOCALID")
     node_rank = _int(environ, "SLURM_NODEID")
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
@@ -177,9 +179,7 @@ def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
     tpn_spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
     per_node = expand_tasks_per_node(tpn_spec) if tpn_spec else [world // max(num_nodes, 1)] * num_nodes
     if len(per_node) != num_nodes or sum(per_node) != world:
-        raise DistEnvError(
-            f"Slurm's tasks per node {tpn_spec!r} do not add up to {world} tasks on {num_nodes} nodes"
-        )
+        raise DistEnvError(f"Slurm's tasks per node {tpn_spec!r} do not add up to {world} tasks on {num_nodes} nodes")
     # A torchrun-style value that disagrees with Slurm (often exported from the login shell, since
     # sbatch passes the environment on) would mis-rank the job or hang its rendezvous.
     for name, actual in (("WORLD_SIZE", world), ("RANK", rank)):
@@ -198,9 +198,18 @@ def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
     addr, port = _override(environ, hosts[0], derive_port(job_id, restart))
     return DistEnv(
-        rank=rank, local_rank=local_rank, world_size=world, local_world_size=per_node[node_rank],
-        node_rank=node_rank, num_nodes=num_nodes, master_addr=addr, master_port=port, job_id=job_id,
-        restart_count=restart, hostnames=hosts, launcher="slurm",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=per_node[node_rank],
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=addr,
+        master_port=port,
+        job_id=job_id,
+        restart_count=restart,
+        hostnames=hosts,
+        launcher="slurm",
     )
 
 
@@ -213,8 +222,17 @@ def _from_submitit_local(environ: tp.Mapping[str, str]) -> DistEnv:
         raise DistEnvError(f"SUBMITIT_LOCAL_GLOBALID={rank} is outside the job's {world} tasks")
     addr, port = _override(environ, "127.0.0.1", derive_port(job_id))
     return DistEnv(
-        rank=rank, local_rank=local_rank, world_size=world, local_world_size=world, node_rank=0, num_nodes=1,
-        master_addr=addr, master_port=port, job_id=job_id, restart_count=0, hostnames=("localhost",),
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=world,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=addr,
+        master_port=port,
+        job_id=job_id,
+        restart_count=0,
+        hostnames=("localhost",),
         launcher="submitit-local",
     )
 
@@ -229,10 +247,18 @@ def _from_torchrun(environ: tp.Mapping[str, str]) -> DistEnv:
         raise DistEnvError("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not: set both or use srun")
     addr, port = _override(environ, environ["MASTER_ADDR"], _int(environ, "MASTER_PORT"))
     return DistEnv(
-        rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
-        node_rank=int(environ.get("GROUP_RANK", 0)), num_nodes=max(1, world // max(local_world, 1)),
-        master_addr=addr, master_port=port, job_id=environ.get("TORCHELASTIC_RUN_ID", ""),
-        restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", 0)), hostnames=(addr,), launcher="torchrun",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=int(environ.get("GROUP_RANK", 0)),
+        num_nodes=max(1, world // max(local_world, 1)),
+        master_addr=addr,
+        master_port=port,
+        job_id=environ.get("TORCHELASTIC_RUN_ID", ""),
+        restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        hostnames=(addr,),
+        launcher="torchrun",
     )
 
 
@@ -247,6 +273,16 @@ def from_environ(environ: tp.Optional[tp.Mapping[str, str]] = None) -> DistEnv:
         return _from_torchrun(env)
     addr, port = _override(env, "127.0.0.1", derive_port(str(os.getpid())))
     return DistEnv(
-        rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, master_addr=addr,
-        master_port=port, job_id="", restart_count=0, hostnames=("localhost",), launcher="single",
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=addr,
+        master_port=port,
+        job_id="",
+        restart_count=0,
+        hostnames=("localhost",),
+        launcher="single",
     )

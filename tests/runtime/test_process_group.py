@@ -6,7 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from tests.multiproc import free_port, run_world
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,25 +31,67 @@ def test_runner_allreduce_and_ddp_step_on_real_processes(tmp_path):
 
 
 def test_missing_rank_fails_with_clear_error_instead_of_hanging(tmp_path):
-    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="2",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        PYTHONPATH=str(ROOT),
+    )
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "hpctrain.launch", "--entry", "tests.entries:allreduce_probe", "--run-dir", str(tmp_path), "--dist-timeout", "3"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "hpctrain.launch",
+            "--entry",
+            "tests.entries:allreduce_probe",
+            "--run-dir",
+            str(tmp_path),
+            "--dist-timeout",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("hpctrain.launch: error: rank 0/2 could not join the process group at 127.0.0.1:")
+    assert last.startswith("hpctrain launch: error: rank 0/2 could not join the process group at 127.0.0.1:")
     assert time.monotonic() - t0 < 60
 
 
 def test_inconsistent_environment_exits_before_rendezvous(tmp_path):
-    env = dict(os.environ, SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NODEID="0",
-               SLURM_JOB_NODELIST="n1", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        SLURM_JOB_ID="9",
+        SLURM_PROCID="0",
+        SLURM_NTASKS="2",
+        SLURM_LOCALID="0",
+        SLURM_NODEID="0",
+        SLURM_JOB_NODELIST="n1",
+        PYTHONPATH=str(ROOT),
+    )
     env.pop("SLURM_STEP_ID", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "hpctrain.launch", "--entry", "tests.entries:allreduce_probe", "--run-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "hpctrain.launch",
+            "--entry",
+            "tests.entries:allreduce_probe",
+            "--run-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 1
     assert "batch shell of job 9" in proc.stderr and "srun" in proc.stderr

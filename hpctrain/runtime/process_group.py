@@ -1,4 +1,4 @@
-"""Start and stop torch.distributed for a :class:`~hpctrain.dist.env.DistEnv`.
+"""Start and stop torch.distributed for a :class:`~hpctrain.runtime.env.DistEnv`.
 
 NCCL when the job has GPUs (the CUDA device is chosen from the local rank), gloo on CPU. The
 rendezvous is a TCP store on the master host with a timeout, so a missing rank ends in an error
@@ -14,7 +14,7 @@ import typing as tp
 import torch
 import torch.distributed as dist
 
-from hpctrain.dist.env import DistEnv, DistEnvError
+from hpctrain.runtime.env import DistEnv, DistEnvError
 
 __all__ = ["init_process_group", "destroy_process_group", "wrap_ddp", "select_device"]
 
