@@ -8,18 +8,19 @@ from hpctrain._atomic import atomic_write_json
 
 
 def allreduce_probe(ctx):
-    """One gloo all-reduce + one DDP step; each rank writes what it saw to run_dir/probe/rank-N.json."""
+    """One all-reduce + one DDP step on ``ctx.device`` (gloo on CPU, NCCL on GPU); each rank writes what it saw
+    to run_dir/probe/rank-N.json."""
     import torch
     import torch.distributed as dist
 
     from hpctrain.launch.runner import _local_address
     from hpctrain.runtime.process_group import wrap_ddp
 
-    value = torch.tensor([float(ctx.rank + 1)])
+    value = torch.tensor([float(ctx.rank + 1)], device=ctx.device)  # NCCL reduces device tensors only
     dist.all_reduce(value)
     torch.manual_seed(0)
     model = wrap_ddp(torch.nn.Linear(4, 2), ctx.device)
-    x = torch.full((3, 4), float(ctx.rank))  # a different batch per rank: DDP must average the grads
+    x = torch.full((3, 4), float(ctx.rank), device=ctx.device)  # a different batch per rank: DDP must average the grads
     model(x).sum().backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     weights = [p.detach().flatten().tolist() for p in model.parameters()]
@@ -35,6 +36,7 @@ def allreduce_probe(ctx):
         "dist_rank": dist.get_rank(),
         "dist_world": dist.get_world_size(),
         "backend": ctx.backend,
+        "device": str(ctx.device),
         "args": list(ctx.args),
         "job_id": ctx.job_id,
         "master": f"{ctx.master_addr}:{ctx.master_port}",

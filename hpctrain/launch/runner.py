@@ -134,6 +134,7 @@ class Runner:
         backend = process_group.init_process_group(env, device, timeout_s=self.dist_timeout_s)
         joined = time.time()
         try:
+            process_group.check_distinct_gpus(env, device)
             ctx = RunContext(
                 **{f.name: getattr(env, f.name) for f in dataclasses.fields(env)},
                 run_dir=Path(self.run_dir),

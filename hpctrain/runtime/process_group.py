@@ -1,14 +1,18 @@
-"""Start and stop torch.distributed for a :class:`~hpctrain.runtime.env.DistEnv`.
+"""Start and stop torch.distributed for a :class:`~hpctrain.runtime.env.DistEnv`, and choose the device.
 
-NCCL when the job has GPUs (the CUDA device is chosen from the local rank), gloo on CPU. The
-rendezvous is a TCP store on the master host with a timeout, so a missing rank ends in an error
-that names the host and port instead of a silent hang.
+NCCL when the job has GPUs, gloo on CPU. The rendezvous is a TCP store on the master host with a
+timeout, so a missing rank ends in an error that names the host and port instead of a silent hang.
+
+The GPU of a task is chosen from what the task *sees* (Slurm may bind GPUs per task or per node), and
+after the group is up every rank checks that no other rank on its node holds the same physical GPU
+(by UUID): two ranks on one GPU would otherwise fail later inside NCCL with a misleading message.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import socket
 import typing as tp
 
 import torch
@@ -16,30 +20,109 @@ import torch.distributed as dist
 
 from hpctrain.runtime.env import DistEnv, DistEnvError
 
-__all__ = ["init_process_group", "destroy_process_group", "wrap_ddp", "select_device"]
+__all__ = [
+    "init_process_group",
+    "destroy_process_group",
+    "wrap_ddp",
+    "select_device",
+    "check_distinct_gpus",
+    "rank_and_world",
+    "CudaDevices",
+]
 
 
-def select_device(env: DistEnv, gpus_per_node: int) -> torch.device:
-    """``cuda:<local_rank mod visible GPUs>`` for a GPU job, else CPU; a GPU job without CUDA is an error."""
+class CudaDevices:
+    """The seam to the CUDA runtime that device selection needs (a fake with other counts in CPU tests)."""
+
+    def is_available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def count(self) -> int:
+        return torch.cuda.device_count()
+
+    def set_device(self, index: int) -> None:
+        torch.cuda.set_device(index)
+
+    def uuid(self, index: int) -> str:
+        return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def select_device(env: DistEnv, gpus_per_node: int, *, cuda: tp.Optional[CudaDevices] = None) -> torch.device:
+    """The device of this task: CPU for a CPU job, else the GPU it sees as its own.
+
+    - the task sees exactly one GPU (per-task binding, ``--gpus-per-task``/``CUDA_VISIBLE_DEVICES`` of one):
+      ``cuda:0``, whatever its local rank;
+    - it sees at least as many GPUs as its node runs tasks (per-node binding): ``cuda:<local_rank>``;
+    - otherwise ranks would share GPUs: an error naming the counts (a CUDA-less GPU job too).
+    Whether single-GPU tasks really hold distinct GPUs is checked after init (:func:`check_distinct_gpus`).
+    """
     if gpus_per_node <= 0:
         return torch.device("cpu")
-    if not torch.cuda.is_available():
+    cuda = cuda or CudaDevices()
+    host = socket.gethostname()
+    if not cuda.is_available():
         raise DistEnvError(
-            f"the job asked for {gpus_per_node} GPU(s) per node but CUDA is not available on "
-            f"{os.uname().nodename}: check the partition/--gpus-per-node, or use --gpus-per-node 0 for a CPU job"
+            f"the job asked for {gpus_per_node} GPU(s) per node but CUDA is not available on {host}: check the "
+            "partition/--gpus-per-node, or use --gpus-per-node 0 for a CPU job"
         )
-    index = env.local_rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
+    seen = cuda.count()
+    if seen == 1:
+        index = 0
+    elif seen >= env.local_world_size:
+        index = env.local_rank
+    else:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        raise DistEnvError(
+            f"{host} runs {env.local_world_size} tasks but this task sees {seen} GPUs "
+            f"(CUDA_VISIBLE_DEVICES={visible}): ranks would share a GPU; request --gpus-per-node >= "
+            "--tasks-per-node (or fewer tasks per node)"
+        )
+    cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def check_distinct_gpus(env: DistEnv, device: torch.device, *, cuda: tp.Optional[CudaDevices] = None) -> None:
+    """After init: every rank of a node must hold a different physical GPU (one all-gather of host + UUID)."""
+    if device.type != "cuda" or env.world_size == 1:
+        return
+    cuda = cuda or CudaDevices()
+    mine = (socket.gethostname(), cuda.uuid(device.index or 0))
+    everyone: tp.List[tp.Any] = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    owners: tp.Dict[tp.Tuple[str, str], tp.List[int]] = {}
+    for rank, key in enumerate(everyone):
+        owners.setdefault(tuple(key), []).append(rank)
+    shared = {k: v for k, v in owners.items() if len(v) > 1}
+    if shared:
+        (host, uuid), ranks = next(iter(shared.items()))
+        raise DistEnvError(
+            f"ranks {ranks} on {host} all use GPU {uuid}: Slurm gave each task the same GPU; request one GPU per "
+            "task (--gpus-per-node = --tasks-per-node) or fewer tasks per node"
+        )
+
+
+def rank_and_world(group: tp.Any = None) -> tp.Tuple[int, int]:
+    """This process's rank and the world size: the initialised process group's (``group`` or the default), else
+    what the launcher's environment says (:func:`hpctrain.runtime.env.from_environ`; rank 0 of 1 alone).
+
+    The one place the torch-side layers (data, ckpt) ask who they are."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    from hpctrain.runtime.env import from_environ
+
+    env = from_environ()
+    return env.rank, env.world_size
 
 
 def init_process_group(
     env: DistEnv, device: torch.device, *, timeout_s: float = 600.0, backend: tp.Optional[str] = None
 ) -> str:
-    """Initialise the default process group for ``env``; returns the backend used ('nccl' or 'gloo')."""
+    """Initialise the default process group for ``env``; returns the backend used ('nccl' or 'gloo').
+
+    NCCL error handling is left at torch's default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``: abort the
+    communicator and skip the clean-up that could block on a wedged GPU); set it yourself to change it.
+    """
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    # Errors on a NCCL communicator abort the process instead of hanging the other ranks forever.
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     # Reverse DNS of peers often fails on clusters (and in the dev cluster's namespaces): quiet c10d.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     kwargs: tp.Dict[str, tp.Any] = {}
