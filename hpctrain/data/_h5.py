@@ -13,9 +13,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hpctrain.data._resolve import Identity, check_identity, dataset_files, identity, open_dataset, open_identity
 from hpctrain.errors import UsageError
 
 _DIRECT_MIN_BYTES = 256  # smaller samples (labels) are cheaper through one staging read + gather
+# numpy dtypes torch.from_numpy accepts (torch 2.x): anything else fails at the first batch, so refuse it early
+TORCH_DTYPES = frozenset(
+    np.dtype(t).str for t in ("f8", "f4", "f2", "c8", "c16", "i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "b1")
+)
 
 try:  # ISA-L's inflate is 2-3x zlib's on one core; optional (pip install 'hpctrain[fast]')
     from isal.isal_zlib import decompress as _inflate
@@ -82,6 +87,10 @@ class FileInfo:
     path: str
     size: int
     keys: tp.Dict[str, KeyInfo]
+    identity: tp.Optional[Identity] = None
+    """(device, inode, size, mtime_ns) at the scan; readers refuse a file that no longer matches."""
+    linked: tp.Dict[str, Identity] = field(default_factory=dict)
+    """Other files the keys read from (external-link targets, virtual-dataset sources) and their identities."""
 
     @property
     def length(self) -> int:
@@ -106,17 +115,10 @@ class Layout:
         return sum(self.files[0].keys[k].sample_bytes for k in self.keys)
 
 
-def key_info(path: str, f: tp.Any, key: str) -> KeyInfo:
-    import h5py
-
-    if key not in f:
-        have = sorted(n for n in f.keys())[:10]
-        raise UsageError(
-            f"{path}: key {key!r} not found (top-level entries: {', '.join(have) or 'none'}); fix H5DataConfig.keys"
-        )
-    ds = f[key]
-    if not isinstance(ds, h5py.Dataset):
-        raise UsageError(f"{path}: {key!r} is a group, not a dataset; name the dataset inside it")
+def key_info(path: str, f: tp.Any, key: str, linked: tp.Optional[tp.Dict[str, Identity]] = None) -> KeyInfo:
+    """Validate one key of an open file and describe how to read it. Files other than ``path`` that the key
+    reads from (external links, virtual sources) are added to ``linked`` with their identities."""
+    ds = open_dataset(path, f, key)
     if ds.ndim == 0:
         raise UsageError(f"{path}: {key!r} is a scalar; datasets must be indexed by sample along axis 0")
     if ds.dtype.hasobject or ds.dtype.kind in "OVSUM" or ds.dtype.fields is not None:
@@ -124,9 +126,19 @@ def key_info(path: str, f: tp.Any, key: str) -> KeyInfo:
             f"{path}: {key!r} has dtype {ds.dtype} (variable-length, string, compound or opaque), which "
             f"torch tensors cannot hold; store numeric datasets (one per field)"
         )
+    if ds.dtype.newbyteorder("=").str not in TORCH_DTYPES:
+        raise UsageError(
+            f"{path}: {key!r} has dtype {ds.dtype} ({ds.dtype.itemsize} bytes), which torch tensors cannot hold; "
+            f"store it as float64/float32/float16, complex64/128, (u)int8-64 or bool"
+        )
+    deps = dataset_files(path, ds)
+    if linked is not None:
+        linked.update(deps)
+    elsewhere = os.path.realpath(ds.file.filename) != os.path.realpath(path)  # through an external link
     chunk_rows = ds.chunks[0] if ds.chunks else None
     offset = None
-    if ds.chunks is None and not ds.compression and ds.dtype.isnative:
+    # the preadv path reads the configured file at this offset: only for data stored in that very file
+    if ds.chunks is None and not ds.compression and ds.dtype.isnative and not ds.is_virtual and not elsewhere:
         off = ds.id.get_offset()
         offset = None if off is None else int(off)  # None: never written (all fill value)
     chunk_bytes = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize if ds.chunks else None
@@ -154,8 +166,10 @@ def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 <
     """Open every file once, validate it, and build the block table. Errors name the file and the key."""
     infos: tp.List[FileInfo] = []
     for path in files:
+        linked: tp.Dict[str, Identity] = {}
         with open_h5(path) as f:
-            kinfo = {k: key_info(path, f, k) for k in keys}
+            kinfo = {k: key_info(path, f, k, linked) for k in keys}
+            ident = open_identity(f)
         lengths = {k: ki.length for k, ki in kinfo.items()}
         if len(set(lengths.values())) > 1:
             detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
@@ -172,7 +186,7 @@ def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 <
                         f"{infos[0].path} has {np.dtype(a.dtype).name}{list(a.sample_shape)}; "
                         f"files must agree"
                     )
-        infos.append(FileInfo(path, os.path.getsize(path), kinfo))
+        infos.append(FileInfo(path, ident[2], kinfo, ident, linked))
     counts = np.array([fi.length for fi in infos], dtype=np.int64)
     if counts.sum() == 0:
         raise UsageError(
@@ -240,13 +254,38 @@ class Reader:
     def _file(self, i: int) -> tp.Any:
         f = self._h5.get(i)
         if f is None:
-            f = self._h5[i] = open_h5(self.layout.files[i].path, self.rdcc_nbytes)
+            fi = self.layout.files[i]
+            f = open_h5(fi.path, self.rdcc_nbytes)
+            try:
+                if fi.identity is not None:
+                    check_identity(fi.path, fi.identity, open_identity(f))
+                for name, ident in fi.linked.items():
+                    try:
+                        now = identity(os.stat(name))
+                    except OSError:
+                        now = (0, 0, 0, 0)
+                    check_identity(name, ident, now)
+            except BaseException:
+                f.close()
+                raise
+            self._h5[i] = f
         return f
 
     def _fd(self, i: int) -> int:
         fd = self._fds.get(i)
         if fd is None:
-            fd = self._fds[i] = os.open(self.layout.files[i].path, os.O_RDONLY)
+            fi = self.layout.files[i]
+            try:
+                fd = os.open(fi.path, os.O_RDONLY)
+            except OSError as exc:
+                raise UsageError(f"{fi.path}: cannot open: {exc.strerror}; was it removed while the job ran?") from None
+            try:
+                if fi.identity is not None:
+                    check_identity(fi.path, fi.identity, identity(os.fstat(fd)))
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fds[i] = fd
         return fd
 
     def _buffer(self, key: str, rows: int) -> np.ndarray:
