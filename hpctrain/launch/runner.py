@@ -7,10 +7,8 @@ sbatch templates reach the same code through ``python -m hpctrain.launch``.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib
-import importlib.util
 import os
 import socket
 import sys
@@ -21,56 +19,20 @@ from pathlib import Path
 from hpctrain._atomic import atomic_write_json
 from hpctrain.errors import UsageError
 
-__all__ = ["Runner", "load_entry", "check_entry_static"]
+__all__ = ["Runner", "load_entry", "split_entry"]
 
 
-def _split_entry(entry: str) -> tp.Tuple[str, str]:
+def split_entry(entry: str) -> tp.Tuple[str, str]:
+    """``"pkg.mod:fn"`` -> ``("pkg.mod", "fn")``; anything else is a UsageError naming --entry."""
     module, sep, func = entry.partition(":")
     if not sep or not module or not func or not all(p.isidentifier() for p in module.split(".") + func.split(".")):
         raise UsageError(f"--entry {entry!r} is not of the form 'package.module:function'")
     return module, func
 
 
-def check_entry_static(entry: str) -> None:
-    """Check on the login node, without importing the module, that ``module:function`` exists.
-
-    Finds the module file and looks for a top-level definition, import or assignment of the name
-    in its source. Importing would pull in torch and the user's dependencies on the login node.
-    """
-    module, func = _split_entry(entry)
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as exc:
-        raise UsageError(
-            f"--entry {entry!r}: cannot import {module!r} ({exc}); check the name and that it is on PYTHONPATH"
-        ) from None
-    if spec is None:
-        raise UsageError(
-            f"--entry {entry!r}: no module named {module!r}; check the name and that it is on PYTHONPATH "
-            "(run from the project directory)"
-        )
-    origin = spec.origin
-    if not origin or not origin.endswith(".py") or not os.path.exists(origin):
-        return  # compiled or namespace module: checked when it is imported on the nodes
-    top = func.split(".")[0]
-    tree = ast.parse(Path(origin).read_text(encoding="utf-8"), filename=origin)
-    defined = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(node.name)
-        elif isinstance(node, ast.Assign):
-            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            defined.add(node.target.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
-    if top not in defined:
-        raise UsageError(f"--entry {entry!r}: {origin} defines no top-level {top!r}")
-
-
 def load_entry(entry: str) -> tp.Callable[..., tp.Any]:
     """Import ``module:function`` (on the node) and return the function."""
-    module_name, func = _split_entry(entry)
+    module_name, func = split_entry(entry)
     try:
         obj: tp.Any = importlib.import_module(module_name)
     except Exception as exc:
@@ -111,7 +73,7 @@ class Runner:
         gpus_per_node: int = 0,
         dist_timeout_s: float = 600.0,
     ) -> None:
-        _split_entry(entry)
+        split_entry(entry)
         self.entry = entry
         self.run_dir = str(run_dir)
         self.entry_args = tuple(entry_args)

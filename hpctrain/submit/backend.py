@@ -11,7 +11,6 @@ The run directory layout a submission creates (the login-node tools read it)::
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import typing as tp
@@ -25,7 +24,7 @@ from hpctrain.launch.runner import Runner
 from hpctrain.submit.config import SubmitConfig
 from hpctrain.submit.sbatch import slurm_parameters
 
-__all__ = ["Submission", "default_run_dir", "prepare_run_dir", "submit", "check_entry_imports"]
+__all__ = ["Submission", "default_run_dir", "prepare_run_dir", "submit"]
 
 
 @dataclass
@@ -55,31 +54,14 @@ def default_run_dir(cfg: SubmitConfig, cwd: tp.Optional[Path] = None, now: tp.Op
 
 def prepare_run_dir(run_dir: Path) -> None:
     """Create the run directory; refuse one that already holds a submission (never overwrite a run)."""
-    if (run_dir / "submission.json").exists():
-        raise UsageError(f"--run-dir {run_dir} already holds a submission; choose a new directory")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--run-dir {run_dir} exists and is not a directory")
     try:
+        if (run_dir / "submission.json").exists():
+            raise UsageError(f"--run-dir {run_dir} already holds a submission; choose a new directory")
+        if run_dir.exists() and not run_dir.is_dir():
+            raise UsageError(f"--run-dir {run_dir} exists and is not a directory")
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--run-dir {run_dir}: cannot create it ({exc.strerror})") from None
-
-
-def check_entry_imports(entry: str, python: str = sys.executable, timeout: float = 120.0) -> None:
-    """Import the entry in a fresh interpreter (the user's modules may import torch; the login-node
-    process must not). Catches a module that exists but fails to import before the job waits in the queue."""
-    module, _, func = entry.partition(":")
-    code = (
-        "import importlib, sys, functools\n"
-        "m = importlib.import_module(sys.argv[1])\n"
-        "functools.reduce(getattr, sys.argv[2].split('.'), m)\n"
-    )
-    proc = subprocess.run(
-        [python, "-c", code, module, func], capture_output=True, text=True, timeout=timeout, cwd=os.getcwd()
-    )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        raise UsageError(f"--entry {entry!r} does not import: {last}")
+        raise UsageError(f"--run-dir {run_dir}: cannot create it ({exc.strerror or exc})") from None
 
 
 def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:

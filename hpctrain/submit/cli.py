@@ -12,14 +12,16 @@ import dataclasses
 import os
 import shlex
 import sys
+import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain._cli import console_entry
+from hpctrain._cli import ArgumentParser, console_entry
 from hpctrain.errors import UsageError
+from hpctrain.submit._files import check_path_limits, shorten
 from hpctrain.submit.config import DEFAULT_CONFIG_FILE, SubmitConfig, format_time, load_toml
 
-__all__ = ["main", "build_parser", "resolve_config"]
+__all__ = ["main", "build_parser", "resolve_config", "local_process_limit", "wait_for_reason"]
 
 # squeue reasons meaning the request exceeds what the partition/cluster can ever give.
 NEVER_STARTS = frozenset(
@@ -44,8 +46,18 @@ present; flags given here override it.
 """
 
 
+def _integer(text: str) -> int:
+    """argparse type for counts: a short error for junk and for absurdly long numbers (int() refuses
+    more than 4300 digits with a message that quotes them all)."""
+    text = text.strip()
+    if len(text) > 12 or not text.lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"{shorten(repr(text))} is not a whole number (at most 12 digits)")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    # One parser for `python -m hpctrain submit` and `python -m hpctrain.submit`: errors raise UsageError.
+    p = ArgumentParser(
         prog="python -m hpctrain.submit",
         description="Submit a multi-node PyTorch DDP training job to Slurm (through submitit), or run it locally.",
         epilog=EPILOG,
@@ -53,12 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,  # only flags actually given override the TOML
     )
     r = p.add_argument_group("resources")
-    r.add_argument("--nodes", type=int, metavar="N", help="number of nodes (default 1)")
-    r.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs per node; 0 = CPU job with gloo (default 0)")
+    r.add_argument("--nodes", type=_integer, metavar="N", help="number of nodes (default 1)")
     r.add_argument(
-        "--tasks-per-node", type=int, metavar="T", help="processes per node (default: one per GPU, 1 on CPU)"
+        "--gpus-per-node", type=_integer, metavar="G", help="GPUs per node; 0 = CPU job with gloo (default 0)"
     )
-    r.add_argument("--cpus-per-task", type=int, metavar="C", help="CPU cores per process")
+    r.add_argument(
+        "--tasks-per-node", type=_integer, metavar="T", help="processes per node (default: one per GPU, 1 on CPU)"
+    )
+    r.add_argument("--cpus-per-task", type=_integer, metavar="C", help="CPU cores per process")
     r.add_argument("--mem", metavar="SIZE", help="memory per node, Slurm units (16G, 4000M)")
     r.add_argument("--time", metavar="LIMIT", help="time limit: MM, HH:MM:SS or D-HH:MM:SS (default 01:00:00)")
     s = p.add_argument_group("scheduling")
@@ -68,11 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--constraint", metavar="FEATURES", help="Slurm node features")
     s.add_argument("--job-name", metavar="NAME", help="job name (default hpctrain)")
     s.add_argument(
-        "--signal-lead", type=int, metavar="SECONDS", help="warn tasks (USR2) this long before the limit (default 120)"
+        "--signal-lead",
+        type=_integer,
+        metavar="SECONDS",
+        help="warn tasks (USR2) this long before the limit (default 120)",
     )
-    s.add_argument("--max-requeues", type=int, metavar="N", help="requeues allowed after time-outs (default 3)")
+    s.add_argument("--max-requeues", type=_integer, metavar="N", help="requeues allowed after time-outs (default 3)")
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
-    s.add_argument("--dist-timeout", type=int, metavar="SECONDS", help="rendezvous timeout per rank (default 600)")
+    s.add_argument("--dist-timeout", type=_integer, metavar="SECONDS", help="rendezvous timeout per rank (default 600)")
     t = p.add_argument_group("training")
     t.add_argument("--entry", metavar="MODULE:FUNCTION", help="function called as FUNCTION(ctx) on every task")
     t.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<job-name>-<timestamp>)")
@@ -95,10 +112,7 @@ def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.
     """Defaults < TOML (``--config`` or ``./hpctrain.toml``) < flags; returns the config and the flags."""
     own, entry_args = _split_entry_args(argv)
     parser = build_parser()
-    try:
-        ns = parser.parse_args(own)
-    except SystemExit as exc:  # argparse already printed its message
-        raise SystemExit(2 if exc.code else 0) from None
+    ns = parser.parse_args(own)
     cwd = cwd or Path.cwd()
     config_file = getattr(ns, "config", None)
     kwargs: tp.Dict[str, tp.Any] = {}
@@ -123,9 +137,36 @@ def _resolve_cluster(cfg: SubmitConfig) -> str:
     return "slurm" if SlurmCommands.available() else "local"
 
 
+def local_process_limit() -> int:
+    """Most processes a ``--cluster local`` job may start: a few per core of this machine (the local
+    executor starts every rank here; a typo such as ``--nodes 100000`` must not fork-bomb the login node)."""
+    return max(16, 4 * (os.cpu_count() or 1))
+
+
+def _check_local_size(cfg: SubmitConfig) -> None:
+    limit = local_process_limit()
+    if cfg.world_size > limit:
+        raise UsageError(
+            f"--nodes {cfg.nodes} x --tasks-per-node {cfg.ntasks_per_node} = {cfg.world_size} processes is too many "
+            f"for --cluster local on this machine (at most {limit}, 4 per CPU core); lower --nodes/--tasks-per-node "
+            "or submit to Slurm"
+        )
+
+
+def _run_dir(cfg: SubmitConfig) -> Path:
+    from hpctrain.submit import backend
+
+    try:
+        run_dir = Path(cfg.run_dir).expanduser().resolve() if cfg.run_dir else backend.default_run_dir(cfg)
+    except (OSError, RuntimeError, ValueError) as exc:  # symlink loops, unreadable parents, ~nosuchuser
+        raise UsageError(f"--run-dir {shorten(repr(cfg.run_dir))}: cannot resolve it ({exc})") from None
+    check_path_limits(run_dir, what="--run-dir" if cfg.run_dir else "the default run directory (--job-name)")
+    return run_dir
+
+
 def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, console: tp.Any = None) -> int:
     """The CLI. ``slurm`` is the Slurm-command seam (a fake in tests)."""
-    from hpctrain.launch.runner import check_entry_static
+    from hpctrain.submit.entry import check_entry_imports, check_entry_static
 
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg, ns = resolve_config(argv)
@@ -137,9 +178,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
         sys.path.insert(0, os.getcwd())  # the job imports the entry from this directory too
     check_entry_static(cfg.entry)
     cluster = _resolve_cluster(cfg)
-    from hpctrain.submit import backend
-
-    run_dir = Path(cfg.run_dir).expanduser().resolve() if cfg.run_dir else backend.default_run_dir(cfg)
+    if cluster == "local":
+        _check_local_size(cfg)
+    run_dir = _run_dir(cfg)
     if getattr(ns, "dry_run", False):
         from hpctrain.submit.sbatch import render_sbatch
 
@@ -150,6 +191,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
         )
         return 0
 
+    from hpctrain.submit import backend
     from hpctrain.submit.slurm import SlurmCommands
 
     slurm = slurm or SlurmCommands()
@@ -159,10 +201,32 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
             raise UsageError(
                 f"--partition {cfg.partition!r} does not exist on this cluster; sinfo lists: {', '.join(names)}"
             )
-    backend.check_entry_imports(cfg.entry)
+    check_entry_imports(cfg.entry)
     backend.prepare_run_dir(run_dir)
     sub = backend.submit(cfg, run_dir=run_dir, cluster=cluster, argv=["-m", "hpctrain.submit", *argv])
     return _report(cfg, sub, slurm, follow_job=getattr(ns, "follow", False), console=console)
+
+
+def wait_for_reason(
+    slurm: tp.Any,
+    job_id: str,
+    *,
+    timeout_s: float = 2.0,
+    poll_s: float = 0.25,
+    sleep: tp.Callable[[float], None] = time.sleep,
+    clock: tp.Callable[[], float] = time.monotonic,
+) -> tp.Any:
+    """The job's state, polled for at most ``timeout_s`` while it is pending without a reason.
+
+    Right after a submission squeue says reason ``None`` until the scheduler's next pass (on a cold
+    or busy controller that can take seconds): a short bounded wait usually gets the real reason.
+    """
+    deadline = clock() + timeout_s
+    state = slurm.job_state(job_id)
+    while state.state == "PENDING" and not state.reason and clock() < deadline:
+        sleep(poll_s)
+        state = slurm.job_state(job_id)
+    return state
 
 
 def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, console: tp.Any) -> int:
@@ -177,12 +241,14 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
         f", {cfg.gpus_per_node} GPU(s)/node (nccl)" if cfg.gpus_per_node else ", CPU (gloo)"
     )
     if sub.cluster == "slurm":
-        state = slurm.job_state(sub.job_id)
+        state = wait_for_reason(slurm, sub.job_id)
         console.print(
             f"[bold green]Submitted job {sub.job_id}[/] ({name}) to Slurm: {what}, "
             f"limit {format_time(cfg.time_min * 60)}"
         )
         why = f", reason {state.reason}" if state.reason else ""
+        if state.state == "PENDING" and not state.reason:
+            why = ", reason not yet assigned"
         console.print(f"  state   : {state.state} ({state.source or 'not yet visible'}{why})")
         if state.reason in NEVER_STARTS:
             console.print(

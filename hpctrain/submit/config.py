@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UsageError
+from hpctrain.submit._files import read_regular_file, shorten
 
 try:  # Python 3.11+
     import tomllib
@@ -28,15 +29,23 @@ CLUSTERS = ("auto", "slurm", "local")
 # `#SBATCH` comment and start a shell command; '%' is Slurm's filename-pattern escape.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9._\-+,:=@\[\]&|!()]+$")  # partition/account/qos/constraint values
+# Upper bound of every integer setting: far above any real cluster, far below what breaks arithmetic
+# or int() (Python refuses to convert more than 4300 digits).
+MAX_INT = 10_000_000
+# The job name also names the default run directory (`<name>-YYYYmmdd-HHMMSS[-N]`), whose last
+# component must stay within the 255 bytes a Linux filesystem allows.
+MAX_JOB_NAME_BYTES = 200
+CONFIG_FILE_LIMIT = 1 << 20  # bytes of TOML read at most
 
 
 def parse_time(text: str, option: str = "--time") -> int:
     """Slurm time limit -> seconds. Accepts ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
     ``D-HH:MM:SS`` (as ``sbatch --time`` does); minutes and seconds after the first field must be < 60."""
     text = str(text).strip()
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    # Bounded digit counts: no int() of a 5000-digit field, and no limit beyond what Slurm stores.
+    m = re.fullmatch(r"(?:(\d{1,5})-)?(\d{1,8})(?::(\d{1,8}))?(?::(\d{1,8}))?", text)
     if not m:
-        raise UsageError(f"{option} {text!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS")
+        raise UsageError(f"{option} {shorten(text)!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS")
     days, a, b, c = m.groups()
     fields = [int(x) for x in (a, b, c) if x is not None]
     if days is not None:  # D-HH[:MM[:SS]]
@@ -71,8 +80,8 @@ def format_time(seconds: int) -> str:
 def parse_mem(text: str) -> str:
     """Validate a Slurm ``--mem`` value (``4000``, ``4000M``, ``16G``, ``1T``); returned as given."""
     text = str(text).strip()
-    if not re.fullmatch(r"\d+[KMGTkmgt]?", text) or int(re.sub(r"\D", "", text)) == 0:
-        raise UsageError(f"--mem {text!r} is not a Slurm memory size: use e.g. 16G or 4000M")
+    if not re.fullmatch(r"\d{1,12}[KMGTkmgt]?", text) or int(re.sub(r"\D", "", text)) == 0:
+        raise UsageError(f"--mem {shorten(text)!r} is not a Slurm memory size: use e.g. 16G or 4000M")
     return text
 
 
@@ -137,7 +146,7 @@ class SubmitConfig:
                 if name in ("time", "mem") and isinstance(value, int) and not isinstance(value, bool):
                     setattr(self, name, str(value))  # `time = 30` in TOML means 30 minutes, as in Slurm
                 else:
-                    raise UsageError(f"--{name.replace('_', '-')} {value!r} must be a string")
+                    raise UsageError(f"--{name.replace('_', '-')} {shorten(repr(value))} must be a string")
         for name in (
             "nodes",
             "gpus_per_node",
@@ -149,7 +158,9 @@ class SubmitConfig:
         ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise UsageError(f"--{name.replace('_', '-')} {value!r} must be an integer")
+                raise UsageError(f"--{name.replace('_', '-')} {shorten(repr(value))} must be an integer")
+            if value is not None and value > MAX_INT:
+                raise UsageError(f"--{name.replace('_', '-')} {shorten(value)} is too large (at most {MAX_INT})")
         if self.nodes < 1:
             raise UsageError(f"--nodes {self.nodes} must be at least 1")
         if self.gpus_per_node < 0:
@@ -172,13 +183,24 @@ class SubmitConfig:
         if self.mem is not None:
             self.mem = parse_mem(self.mem)
         if not self.job_name or _CONTROL.search(self.job_name) or "%" in self.job_name:
-            raise UsageError(f"--job-name {self.job_name!r} must be non-empty, one line, without '%'")
+            raise UsageError(f"--job-name {shorten(repr(self.job_name))} must be non-empty, one line, without '%'")
+        if len(self.job_name.encode("utf-8", "surrogateescape")) > MAX_JOB_NAME_BYTES:
+            raise UsageError(
+                f"--job-name {shorten(repr(self.job_name))} is too long: at most {MAX_JOB_NAME_BYTES} bytes "
+                "(it also names the run directory)"
+            )
         for name in ("partition", "account", "qos", "constraint"):
             value = getattr(self, name)
             if value is not None and not _SLURM_NAME.match(value):
-                raise UsageError(f"--{name} {value!r} has characters Slurm does not accept in a {name} name")
+                raise UsageError(
+                    f"--{name} {shorten(repr(value))} has characters Slurm does not accept in a {name} name"
+                )
         if self.run_dir is not None and (_CONTROL.search(self.run_dir) or "%" in self.run_dir):
-            raise UsageError(f"--run-dir {self.run_dir!r} must be one line without '%' (Slurm expands % in log paths)")
+            raise UsageError(
+                f"--run-dir {shorten(repr(self.run_dir))} must be one line without '%' (Slurm expands % in log paths)"
+            )
+        if not _is_str_list(self.entry_args):
+            raise UsageError("entry arguments ([train] args) must be a list of strings")
         if any(_CONTROL.search(a) for a in self.entry_args):
             raise UsageError("entry arguments after -- must not contain newlines or control characters")
 
@@ -230,30 +252,42 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
         args = ["--lr", "3e-4"]
     """
     path = Path(path)
+    raw = read_regular_file(path, what="--config", limit=CONFIG_FILE_LIMIT)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--config {path}: no such file") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{shorten(path)}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from None
-    unknown_tables = set(data) - {"job", "train"}
+        raise UsageError(f"{shorten(path)}: not valid TOML ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits, absurd nesting
+        raise UsageError(f"{shorten(path)}: not usable TOML ({type(exc).__name__}: {shorten(exc, 120)})") from None
+    unknown_tables = sorted(set(data) - {"job", "train"})
     if unknown_tables:
-        raise UsageError(f"{path}: unknown table(s) {sorted(unknown_tables)}; use [job] and [train]")
+        raise UsageError(f"{shorten(path)}: unknown table(s) {shorten(unknown_tables)}; use [job] and [train]")
+    for table in ("job", "train"):
+        if not isinstance(data.get(table, {}), dict):
+            raise UsageError(f"{shorten(path)}: {table} must be a table ([{table}] followed by key = value lines)")
     kwargs: tp.Dict[str, tp.Any] = {}
     job = data.get("job", {})
     bad = sorted(set(job) - _JOB_KEYS)
     if bad:
-        raise UsageError(f"{path}: unknown key(s) {bad} in [job]; valid keys: {', '.join(sorted(_JOB_KEYS))}")
+        raise UsageError(
+            f"{shorten(path)}: unknown key(s) {shorten(bad)} in [job]; valid keys: {', '.join(sorted(_JOB_KEYS))}"
+        )
     kwargs.update(job)
     train = data.get("train", {})
     bad = sorted(set(train) - set(_TRAIN_KEYS))
     if bad:
-        raise UsageError(f"{path}: unknown key(s) {bad} in [train]; valid keys: entry, args")
+        raise UsageError(f"{shorten(path)}: unknown key(s) {shorten(bad)} in [train]; valid keys: entry, args")
     for key, name in _TRAIN_KEYS.items():
         if key in train:
             kwargs[name] = train[key]
-    if "entry_args" in kwargs and (
-        not isinstance(kwargs["entry_args"], list) or not all(isinstance(a, str) for a in kwargs["entry_args"])
-    ):
-        raise UsageError(f"{path}: [train] args must be a list of strings")
+    if "entry_args" in kwargs and not _is_str_list(kwargs["entry_args"]):
+        raise UsageError(f"{shorten(path)}: [train] args must be a list of strings")
     return kwargs
+
+
+def _is_str_list(value: tp.Any) -> bool:
+    return isinstance(value, list) and all(isinstance(a, str) for a in value)

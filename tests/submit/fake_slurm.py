@@ -14,7 +14,9 @@ from hpctrain.submit.slurm import SlurmCommandError, SlurmCommands
 class FakeSlurm(SlurmCommands):
     def __init__(self, partitions: tp.Sequence[str] = ("debug*", "low", "high")) -> None:
         self.partition_lines = list(partitions)
-        self.queue: tp.Dict[str, tp.List[str]] = {}  # job id -> states squeue reports, consumed per call
+        # job id -> what squeue reports, one entry consumed per call: "STATE" or "STATE:REASON"
+        # (a bare PENDING has reason Priority; "PENDING:None" is squeue before the scheduler's first pass)
+        self.queue: tp.Dict[str, tp.List[str]] = {}
         self.final: tp.Dict[str, str] = {}  # job id -> sacct state once out of the queue
         self.calls: tp.List[tp.List[str]] = []
         self.accounting = True
@@ -30,8 +32,8 @@ class FakeSlurm(SlurmCommands):
             states = self.queue.get(job, [])
             if not states:
                 return ""
-            state = states.pop(0)
-            reason = "Priority" if state == "PENDING" else "None"
+            state, _, reason = states.pop(0).partition(":")
+            reason = reason or ("Priority" if state == "PENDING" else "None")
             return f"{state}|node[1-2]|0:05|{reason}\n"
         if program == "sacct":
             if not self.accounting:
