@@ -18,6 +18,7 @@ COMMANDS: tp.Dict[str, tp.Tuple[str, str]] = {
     "submit": ("hpctrain.submit.cli", "submit a training job to Slurm (or run it locally)"),
     "ckpt": ("hpctrain.ckpt.cli", "list, verify, digest and clean checkpoints"),
     "data": ("hpctrain.data.cli", "inspect HDF5 inputs and synthesise demo datasets"),
+    "status": ("hpctrain.status.cli", "where a training run stands: job, progress, throughput, checkpoints, ledger"),
 }
 
 

@@ -1,0 +1,359 @@
+"""Always-on measurement of every rank: a step timer, exposed-communication timing, interval aggregation.
+
+Drop-in for a loop you already have::
+
+    rec = MetricsRecorder(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device,
+                          run_dir=ctx.run_dir, total_steps=steps, log_every=10)
+    rec.attach_ddp(ddp_model)            # optional: exposed gradient communication (before the first forward)
+    for step in range(start + 1, steps + 1):
+        rec.timer.start()
+        batch = next(it);                 rec.timer.mark("data_wait")
+        loss = fwd_bwd(batch);            rec.timer.mark("forward_backward")
+        opt.step();                       rec.timer.mark("optimizer")
+        rec.step_done(loss, samples=len(batch))
+        if rec.due(step):
+            report = rec.flush(step)      # one collective; rank 0 appends RUN_DIR/train/metrics.jsonl
+
+How each figure is measured (docs/train.md has the schema):
+
+* a phase is the time between two marks; ``start()`` opens the step, so whatever happens between steps
+  (evaluation, logging) is not charged to any step. On a CUDA device the marks are CUDA events on the
+  current stream, resolved at the log interval: ``data_wait`` is then the time the *GPU* sat between the
+  end of the previous step's work and the batch being ready, not the host's time in ``next()`` while
+  the GPU still worked through queued kernels.
+* exposed gradient communication: DDP launches a bucket's all-reduce when its last gradient is ready,
+  so the launch of the last bucket marks the end of backward compute; what remains of the
+  ``forward_backward`` phase after it is communication that did not overlap compute. A comm hook
+  (:meth:`MetricsRecorder.attach_ddp`) stamps each launch and calls the default all-reduce.
+* aggregation: at each log interval every rank contributes one small float64 vector to a single
+  ``all_gather``; every rank computes the same min/median/max and the slowest rank from it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import typing as tp
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hpctrain.train.records import METRICS_SCHEMA, metrics_path
+
+__all__ = ["PHASES", "StepTimer", "MetricsRecorder", "IntervalReport", "count_flops", "peak_flops"]
+
+PHASES = ("data_wait", "forward_backward", "grad_comm_exposed", "optimizer", "checkpoint")
+"""The parts of a step, in order. ``grad_comm_exposed`` is carved out of ``forward_backward`` (see above)."""
+
+_P = {name: i for i, name in enumerate(PHASES)}
+# the per-rank vector gathered at each interval: [steps, step_s, *PHASES, samples, wall_s, loss_sum, flops,
+# stop, save]
+_N = 2 + len(PHASES) + 6
+
+# Dense bf16 peak FLOP/s per GPU for MFU (vendor data sheets; SXM parts). Matched against the device name.
+_PEAKS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("MI300X", 1307e12))
+
+
+def peak_flops(device: tp.Any) -> tp.Optional[float]:
+    """The dense bf16 peak of ``device`` when it is a known GPU, else None (CPUs: no MFU)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in _PEAKS if key in name), None)
+
+
+class StepTimer:
+    """Time the phases of each step on this rank; sums per phase until :meth:`take` empties them."""
+
+    def __init__(self, device: tp.Any = "cpu", enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.cuda = enabled and torch.device(device).type == "cuda"
+        self.sums = [0.0] * len(PHASES)
+        self.step_s = 0.0
+        self.steps = 0
+        self._t0 = 0.0
+        self._last = 0.0
+        self._launch: tp.Any = None  # time (or event) the last gradient bucket's all-reduce was launched
+        self._pending: tp.List[tp.List[tp.Tuple[int, tp.Any]]] = []  # CUDA: events of steps not yet resolved
+        self._marks: tp.List[tp.Tuple[int, tp.Any]] = []
+
+    def _now(self) -> tp.Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self) -> None:
+        """Open a step (time since the previous step's end is not counted)."""
+        if not self.enabled:
+            return
+        self._launch = None
+        if self.cuda:
+            self._marks = [(-1, self._now())]
+        else:
+            self._t0 = self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """Charge the time since the previous mark (or ``start``) to ``phase`` (one of :data:`PHASES`)."""
+        if not self.enabled:
+            return
+        i = _P[phase]
+        if self.cuda:
+            self._marks.append((i, self._now()))
+            if self._launch is not None:
+                self._marks.append((-2, self._launch))  # resolved as the exposed-communication split
+                self._launch = None
+            return
+        now = time.perf_counter()
+        if self._launch is not None:
+            exposed = max(0.0, now - self._launch)
+            self.sums[_P["grad_comm_exposed"]] += exposed
+            self.sums[i] += now - self._last - exposed
+            self._launch = None
+        else:
+            self.sums[i] += now - self._last
+        self._last = now
+
+    def comm_launched(self) -> None:
+        """Called by the DDP comm hook when a bucket's all-reduce is launched."""
+        if self.enabled:
+            self._launch = self._now()
+
+    def end(self) -> None:
+        """Close the step."""
+        if not self.enabled:
+            return
+        self.steps += 1
+        if self.cuda:
+            self._pending.append(self._marks)
+            self._marks = []
+        else:
+            self.step_s += time.perf_counter() - self._t0
+
+    def _resolve(self) -> None:
+        """CUDA: wait for the last recorded event, then turn event pairs into seconds."""
+        if not self._pending:
+            return
+        self._pending[-1][-1][1].synchronize()
+        for marks in self._pending:
+            first = prev = marks[0][1]
+            k = 1
+            while k < len(marks):
+                i, ev = marks[k]
+                seg = prev.elapsed_time(ev) / 1e3
+                if k + 1 < len(marks) and marks[k + 1][0] == -2:
+                    exposed = max(0.0, marks[k + 1][1].elapsed_time(ev) / 1e3)
+                    self.sums[_P["grad_comm_exposed"]] += exposed
+                    seg -= exposed
+                    k += 1
+                self.sums[i] += seg
+                prev = ev
+                k += 1
+            self.step_s += first.elapsed_time(prev) / 1e3
+        self._pending.clear()
+
+    def take(self) -> tp.Tuple[int, float, tp.List[float]]:
+        """(steps, summed step seconds, summed seconds per phase) since the last call; resets them."""
+        if self.cuda:
+            self._resolve()
+        out = (self.steps, self.step_s, list(self.sums))
+        self.steps, self.step_s, self.sums = 0, 0.0, [0.0] * len(PHASES)
+        return out
+
+
+def count_flops(fn: tp.Callable[[], tp.Any]) -> float:
+    """FLOPs of ``fn()`` (run it under ``torch.utils.flop_counter.FlopCounterMode``), e.g. one forward+backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+class IntervalReport(tp.NamedTuple):
+    record: tp.Dict[str, tp.Any]
+    """The interval's JSONL record (identical on every rank; only rank 0 writes it)."""
+    stop: bool
+    """Some rank asked to stop (``flush(stop=True)``): every rank sees it at the same step."""
+    save: bool
+    """Rank 0 asked for a checkpoint (``flush(save=True)``), e.g. its clock says the save interval passed."""
+
+
+def _spread(values: tp.Sequence[float]) -> tp.Dict[str, tp.Any]:
+    """min / median / max over ranks and the rank holding the max."""
+    worst = max(range(len(values)), key=values.__getitem__)
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": values[worst],
+        "max_rank": worst,
+    }
+
+
+class MetricsRecorder:
+    """Per-step timing (:attr:`timer`), the loss, and one aggregated JSONL record per interval.
+
+    Every rank calls every method; :meth:`flush` is a collective (a no-op gather at world size 1).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        device: tp.Any,
+        run_dir: tp.Optional[tp.Union[str, Path]],
+        total_steps: int,
+        log_every: int = 10,
+        enabled: bool = True,
+        flops_per_sample: tp.Optional[float] = None,
+        peak_flops_per_device: tp.Optional[float] = None,
+        static: tp.Optional[tp.Mapping[str, tp.Any]] = None,
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device)
+        self.total_steps = total_steps
+        self.log_every = log_every
+        self.timer = StepTimer(self.device, enabled=enabled)
+        self.flops_per_sample = flops_per_sample
+        self.peak = peak_flops_per_device if peak_flops_per_device is not None else peak_flops(self.device)
+        self.static = dict(static or {})
+        self.path = metrics_path(run_dir) if run_dir is not None and rank == 0 else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: tp.Optional[tp.IO[str]] = None
+        self._loss_sum: tp.Any = None
+        self._loss_steps = 0
+        self._samples = 0
+        self._interval_start = time.perf_counter()
+        self.last_step = 0
+        self.last: tp.Optional[tp.Dict[str, tp.Any]] = None
+
+    # ---- per step -----------------------------------------------------------------------------
+    def attach_ddp(self, ddp_model: tp.Any) -> None:
+        """Time exposed gradient communication: register a comm hook on ``ddp_model`` (before its first
+        forward) that stamps each bucket's launch and runs the default all-reduce (same arithmetic)."""
+        if not self.timer.enabled or not hasattr(ddp_model, "register_comm_hook"):
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        timer = self.timer
+
+        def timed_allreduce(state, bucket):  # no annotations: DDP checks them against dist.GradBucket
+            timer.comm_launched()
+            return allreduce_hook(state, bucket)
+
+        ddp_model.register_comm_hook(None, timed_allreduce)
+
+    def step_done(self, loss: tp.Any, *, samples: int) -> None:
+        """End the step: close the timer and add this rank's loss (a tensor: no device sync) and samples."""
+        self.timer.end()
+        detached = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        self._loss_sum = detached.float() if self._loss_sum is None else self._loss_sum + detached.float()
+        self._loss_steps += 1
+        self._samples += samples
+
+    def start_interval(self, step: int) -> None:
+        """Begin measuring from here (after a restore, or to drop start-up from the first interval)."""
+        self.last_step = step
+        self._interval_start = time.perf_counter()
+        self.timer.take()
+
+    def due(self, step: int) -> bool:
+        return step % self.log_every == 0 or step >= self.total_steps
+
+    # ---- interval -----------------------------------------------------------------------------
+    def flush(
+        self, step: int, *, stop: bool = False, save: bool = False, extra: tp.Optional[tp.Mapping[str, tp.Any]] = None
+    ) -> IntervalReport:
+        """Gather every rank's interval (one collective), build the record, write it (rank 0), reset."""
+        wall = time.perf_counter() - self._interval_start
+        steps, step_s, sums = self.timer.take()
+        loss_sum = float(self._loss_sum.item()) if self._loss_sum is not None else 0.0
+        flops = (self.flops_per_sample or 0.0) * self._samples
+        mine = [float(steps), step_s, *sums, float(self._samples), wall, loss_sum, flops, float(stop), float(save)]
+        rows = self._gather(mine)
+        record = self._record(step, rows, self._loss_steps, extra)
+        self._loss_sum, self._loss_steps, self._samples = None, 0, 0
+        self._interval_start = time.perf_counter()
+        self.last_step, self.last = step, record
+        if self.path is not None:
+            self._write(record)
+        return IntervalReport(record, stop=any(r[_N - 2] for r in rows), save=bool(rows[0][_N - 1]))
+
+    def _gather(self, mine: tp.List[float]) -> tp.List[tp.List[float]]:
+        if self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return [mine]
+        # NCCL only moves device tensors; gloo wants CPU ones
+        dev = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor(mine, dtype=torch.float64, device=dev)
+        out = torch.empty(self.world_size * _N, dtype=torch.float64, device=dev)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        gather(out, t)
+        flat = out.tolist()
+        return [flat[r * _N : (r + 1) * _N] for r in range(self.world_size)]
+
+    def _record(
+        self, step: int, rows: tp.List[tp.List[float]], loss_steps: int, extra: tp.Optional[tp.Mapping[str, tp.Any]]
+    ) -> tp.Dict[str, tp.Any]:
+        n_ranks = len(rows)
+        samples = [r[2 + len(PHASES)] for r in rows]
+        walls = [max(r[3 + len(PHASES)], 1e-12) for r in rows]
+        wall = max(walls)  # ranks step together: the interval took as long as its slowest rank
+        losses = [r[4 + len(PHASES)] for r in rows]
+        flops = sum(r[5 + len(PHASES)] for r in rows)
+        rec: tp.Dict[str, tp.Any] = {
+            "schema": METRICS_SCHEMA,
+            "kind": "interval",
+            "time": time.time(),
+            "step": step,
+            "steps": step - self.last_step,
+            "total_steps": self.total_steps,
+            "world_size": n_ranks,
+            "loss": sum(losses) / (n_ranks * max(loss_steps, 1)),
+            "samples": int(sum(samples)),
+            "interval_s": wall,
+            "samples_per_s": sum(samples) / wall,
+            "samples_per_s_per_rank": _spread([s / w for s, w in zip(samples, walls)]),
+            "eta_s": wall / max(step - self.last_step, 1) * max(self.total_steps - step, 0),
+            "flops_per_s": flops / wall if self.flops_per_sample else None,
+            "mfu": None,
+            "measured": self.timer.enabled,
+            **self.static,
+        }
+        if self.flops_per_sample and self.peak:
+            rec["mfu"] = flops / wall / n_ranks / self.peak
+        if self.timer.enabled:
+            per_step = {"step_s": [r[1] / max(r[0], 1) for r in rows]}
+            for k, name in enumerate(PHASES):
+                per_step[f"{name}_s"] = [r[2 + k] / max(r[0], 1) for r in rows]
+            rec["per_step"] = {name: _spread(vals) for name, vals in per_step.items()}
+            slowest = rec["per_step"]["step_s"]["max_rank"]
+            rec["slowest_rank"] = slowest
+            rec["data_wait_frac"] = sum(r[2 + _P["data_wait"]] for r in rows) / max(sum(r[1] for r in rows), 1e-12)
+        if extra:
+            rec.update(extra)
+        return rec
+
+    def write(self, record: tp.Mapping[str, tp.Any]) -> None:
+        """Append a record of your own (e.g. an evaluation) to the JSONL (rank 0; others: no-op)."""
+        if self.path is not None:
+            self._write({"schema": METRICS_SCHEMA, "time": time.time(), **record})
+
+    def _write(self, record: tp.Mapping[str, tp.Any]) -> None:
+        assert self.path is not None
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")
+        # one write per line and a flush: a reader sees whole lines (or, after a crash, one torn last line)
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
