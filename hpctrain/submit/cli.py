@@ -87,7 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="warn tasks (USR2) this long before the limit (default 120)",
     )
-    s.add_argument("--max-requeues", type=_integer, metavar="N", help="requeues allowed after time-outs (default 3)")
+    s.add_argument(
+        "--max-requeues",
+        type=_integer,
+        metavar="N",
+        help="passed to submitit (max_num_timeout; default 3). No automatic requeue yet: at the time-limit "
+        "warning rank 0's entry is stopped, and the job ends FAILED (one task) or TIMEOUT, not requeued",
+    )
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
     s.add_argument("--dist-timeout", type=_integer, metavar="SECONDS", help="rendezvous timeout per rank (default 600)")
     t = p.add_argument_group("training")

@@ -173,3 +173,100 @@ def test_report_prints_names_with_brackets_literally(tmp_path):
     out = console.export_text()
     assert "(exp[/]1 [bold]x)" in out and f"run dir : {run_dir}" in out and "reason Priority" in out
     assert f"tail -f '{run_dir}/logs/12_0_log.out'" in out
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps = []
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def __call__(self):
+        return self.now
+
+
+def test_wait_for_reason_polls_until_the_scheduler_assigns_one():
+    fake, clock = FakeSlurm(), FakeClock()
+    fake.queue["7"] = ["PENDING:None", "PENDING:None", "PENDING:PartitionConfig", "PENDING:PartitionConfig"]
+    state = cli.wait_for_reason(fake, "7", timeout_s=2.0, poll_s=0.25, sleep=clock.sleep, clock=clock)
+    assert (state.state, state.reason) == ("PENDING", "PartitionConfig")
+    assert clock.sleeps == [0.25, 0.25] and len(fake.calls) == 3
+
+
+def test_wait_for_reason_is_bounded_and_returns_at_once_when_there_is_nothing_to_wait_for():
+    fake, clock = FakeSlurm(), FakeClock()
+    fake.queue["7"] = ["PENDING:None"] * 100
+    state = cli.wait_for_reason(fake, "7", timeout_s=2.0, poll_s=0.25, sleep=clock.sleep, clock=clock)
+    assert state.reason == "" and clock.now == 2.0 and len(fake.calls) == 9  # first look + 8 polls, then give up
+    for states in (["RUNNING"], ["PENDING"], []):  # running, a reason already, or gone from the queue
+        fake, clock = FakeSlurm(), FakeClock()
+        fake.queue["8"] = list(states)
+        cli.wait_for_reason(fake, "8", sleep=clock.sleep, clock=clock)
+        assert clock.sleeps == [] and len(fake.calls) == 1 + (not states)  # + sacct when squeue has no line
+
+
+def report(fake, job_id="12"):
+    from rich.console import Console
+
+    from hpctrain.submit.backend import Submission
+    from hpctrain.submit.config import SubmitConfig
+
+    sub = Submission(job=None, job_id=job_id, run_dir=Path("/r"), cluster="slurm", submitted_at=0.0)
+    console = Console(record=True, width=300)
+    assert cli._report(SubmitConfig(entry="a:b"), sub, fake, follow_job=False, console=console) == 0
+    return console.export_text()
+
+
+def test_report_says_when_slurm_has_not_assigned_a_reason_and_warns_on_one_that_never_starts(monkeypatch):
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)  # the real clock still bounds the wait
+    fake = FakeSlurm()
+    fake.queue["12"] = ["PENDING:None"] * 1000
+    out = report(fake)
+    assert "state   : PENDING (squeue, reason not yet assigned)" in out and "warning" not in out
+    fake = FakeSlurm()
+    fake.queue["12"] = ["PENDING:None", "PENDING:PartitionConfig"]
+    out = report(fake)
+    assert "reason PartitionConfig" in out and "cannot start as requested" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nodes", "0"],
+        ["--nodes", "9" * 5000],
+        ["--no-such-flag"],
+        ["--config", "."],
+        ["--entry", "hpctrain.examples.demo:main", "--nodes", "2", "--run-dir", "/tmp/x", "--dry-run"],
+        ["--help"],
+    ],
+    ids=["bad-value", "huge-number", "unknown-flag", "config-is-dir", "dry-run", "help"],
+)
+def test_python_m_hpctrain_submit_and_python_m_hpctrain_dot_submit_behave_identically(tmp_path, args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [
+        subprocess.run(
+            [sys.executable, "-m", *front, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        for front in (["hpctrain", "submit"], ["hpctrain.submit"])
+    ]
+    a, b = procs
+    assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
+    if args != ["--help"] and "--dry-run" not in args:
+        assert a.returncode == 2 and a.stderr.startswith("hpctrain submit: error: ") and a.stderr.count("\n") == 1
+    else:
+        assert a.returncode == 0 and a.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_max_requeues_help_says_what_happens_today():
+    # submitit requeues a timed-out job only if the callable has `checkpoint`; Runner has none (measured on
+    # the dev cluster: the job ends TIMEOUT, one accounting record, no requeue). The help must not promise more.
+    from hpctrain.launch.runner import Runner
+
+    assert not hasattr(Runner, "checkpoint")
+    text = " ".join(cli.build_parser().format_help().split())
+    assert "No automatic requeue yet" in text and "ends FAILED (one task) or TIMEOUT, not requeued" in text
+    assert "requeues allowed after time-outs" not in text
