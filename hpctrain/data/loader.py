@@ -26,7 +26,7 @@ import torch
 from hpctrain.data._config import H5DataConfig
 from hpctrain.data._h5 import Layout, scan
 from hpctrain.data._order import EpochOrder, EpochPlan, batches_per_epoch
-from hpctrain.data._workers import InlineReader, SlotArena, WorkerPool, batch_spec
+from hpctrain.data._workers import InlineReader, SlotArena, WorkerPool, batch_spec, memory_available
 from hpctrain.data.metrics import LoaderMetrics, StepMetrics
 from hpctrain.errors import HpctrainError, UsageError
 
@@ -35,6 +35,7 @@ __all__ = ["H5Loader", "STATE_FORMAT"]
 STATE_FORMAT = "hpctrain.data/1"
 _TASK_WINDOWS = 8.0  # a task spans this many shuffle windows per partition: read amplification ≈ 1 + 1/this
 _SLOT_BUDGET = 512 << 20  # at most this much shared memory for ready/in-flight batches per rank
+_MEMORY_SHARE = 0.5  # the batch slots may take at most this share of the memory left (the model needs the rest)
 
 
 class _Pipe:
@@ -91,6 +92,7 @@ class H5Loader:
         self.samples_consumed = 0  # global samples of the current epoch already handed out (all ranks)
         self.metrics = LoaderMetrics()
         self._check_topology()
+        self._check_memory()
         self._pool: tp.Union[WorkerPool, InlineReader, None] = None
         self._arena: tp.Optional[SlotArena] = None
         self._held: tp.Optional[int] = None  # slot the consumer is holding
@@ -122,6 +124,27 @@ class H5Loader:
                 f"{self._where()}: {n} samples give no full global batch of {b} with tail='drop' "
                 f"(each of {self.world_size} ranks would get no batches); lower global_batch_size "
                 f"or use tail='pad'"
+            )
+
+    def _slots_needed(self, k: int) -> int:
+        return (self._tasks_in_flight() + 1) * k + 1  # + the batch the consumer holds
+
+    def _check_memory(self) -> None:
+        """Refuse, at construction, batch slots that do not fit in memory: a small file may declare huge
+        samples, and the first sign would otherwise be an out-of-memory kill at the first batch."""
+        c = self.config
+        nslots = self._slots_needed(self._task_batches())
+        spec = batch_spec(self.layout, self.local_batch_size, c.tail == "exact")
+        need = SlotArena.nbytes(spec, nslots)
+        have, where = memory_available()
+        if need > _MEMORY_SHARE * have:
+            gib = 1 << 30
+            raise UsageError(
+                f"{self._where()}: one local batch of {self.local_batch_size} samples is "
+                f"{need / nslots / gib:.3g} GiB ({self.layout.sample_bytes()} bytes a sample) and the loader "
+                f"keeps {nslots} in shared memory ({need / gib:.3g} GiB), more than half of the "
+                f"{have / gib:.3g} GiB available ({where}); lower global_batch_size (or raise the world size), "
+                f"num_workers or prefetch_depth"
             )
 
     def _where(self) -> str:
@@ -229,16 +252,16 @@ class H5Loader:
     # ---- workers -------------------------------------------------------------------------------
     def _ensure_pool(self, k: int) -> None:
         c = self.config
-        nslots = (self._tasks_in_flight() + 1) * k + 1  # + the batch the consumer holds
+        nslots = self._slots_needed(k)
         if self._pool is not None and self._arena is not None and self._arena.nslots >= nslots:
             return
         self._shutdown_pool()
         spec = batch_spec(self.layout, self.local_batch_size, c.tail == "exact")
         if c.num_workers == 0:
-            self._arena = SlotArena(spec, nslots, path=None)
+            self._arena = SlotArena(spec, nslots)
             self._pool = InlineReader(self.layout, c.rdcc_nbytes, self._arena)
         else:
-            self._arena = SlotArena(spec, nslots, path="")
+            self._arena = SlotArena(spec, nslots, shared=True)
             self._pool = WorkerPool(
                 self.layout, c.rdcc_nbytes, self._arena, c.num_workers, c.start_method, c.worker_timeout_s
             )
@@ -250,7 +273,6 @@ class H5Loader:
             self._pool.close()
             self._pool = None
         if self._arena is not None:
-            self._arena.unlink()
             self._arena.close()
             self._arena = None
 
