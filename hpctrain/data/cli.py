@@ -3,91 +3,127 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import shutil
-import subprocess
 import typing as tp
 
 import numpy as np
 
-from hpctrain._cli import add_subcommands, command_parser
-from hpctrain.data._h5 import open_h5
-from hpctrain.errors import UsageError
+from hpctrain._cli import add_json_flag, add_subcommands, command_parser
+from hpctrain._lustre import LustreCommands
+from hpctrain.data._h5 import TORCH_DTYPES, open_h5
+from hpctrain.data._resolve import dataset_files, open_dataset
+from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["main", "inspect_file"]
 
 MiB = 1 << 20
+_ONE_OST_WARN_BYTES = 1 << 30  # a file this large on one OST serialises every reader on one server
 
 
-def _stripe(path: str) -> tp.Optional[str]:
-    """``count x size`` from ``lfs getstripe`` when the Lustre client tools exist, else None."""
-    if shutil.which("lfs") is None:
-        return None
-    try:
-        out = subprocess.run(["lfs", "getstripe", "-c", "-S", path], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    parts = out.stdout.split()
-    if out.returncode != 0 or len(parts) < 2:
-        return None
-    return f"{parts[0]} x {int(parts[1]) // 1024} KiB" if parts[1].isdigit() else " ".join(parts[:2])
-
-
-def inspect_file(path: str, keys: tp.Optional[tp.Sequence[str]] = None) -> tp.Dict[str, tp.Any]:
-    """Describe a file's datasets and list the warnings a loader user should act on (JSON-able)."""
+def _datasets(f: tp.Any, warnings: tp.List[str]) -> tp.List[tp.Tuple[str, tp.Any, tp.Optional[str]]]:
+    """Every dataset reachable in ``f`` as (name, dataset, link description or None). Soft and external
+    links are followed (the loader follows them); a dangling one becomes a warning, not an error."""
     import h5py
 
+    found: tp.List[tp.Tuple[str, tp.Any, tp.Optional[str]]] = []
+
+    def visit(name: str, link: tp.Any) -> None:
+        if isinstance(link, h5py.HardLink):
+            obj = f.get(name)
+            if isinstance(obj, h5py.Dataset):
+                found.append((name, obj, None))
+            return
+        kind = "external link" if isinstance(link, h5py.ExternalLink) else "soft link"
+        target = f"{link.filename}:{link.path}" if isinstance(link, h5py.ExternalLink) else link.path
+        try:
+            obj = f[name]
+        except (KeyError, OSError, ValueError, RuntimeError):
+            warnings.append(f"{name}: dangling {kind} to {target}; the loader refuses this key")
+            return
+        if isinstance(obj, h5py.Dataset):
+            found.append((name, obj, f"{kind} to {target}"))
+
+    try:
+        f.visititems_links(visit)
+    except (KeyError, OSError, ValueError, RuntimeError) as exc:
+        warnings.append(f"the file's structure could not be read completely: {' '.join(str(exc).split())[:160]}")
+    return found
+
+
+def _describe(path: str, name: str, ds: tp.Any, link: tp.Optional[str], warnings: tp.List[str]) -> tp.Dict[str, tp.Any]:
+    chunk_bytes = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize if ds.chunks else None
+    row = {
+        "key": name,
+        "shape": [int(n) for n in ds.shape] if ds.shape is not None else None,
+        "dtype": str(ds.dtype),
+        "chunks": [int(c) for c in ds.chunks] if ds.chunks else None,
+        "chunk_bytes": chunk_bytes,
+        "compression": ds.compression,
+        "compression_opts": ds.compression_opts if isinstance(ds.compression_opts, (int, type(None))) else None,
+        "nbytes": int(ds.size or 0) * ds.dtype.itemsize,
+        "link": link,
+        "virtual": bool(ds.is_virtual),
+    }
+    if ds.shape is None or ds.ndim == 0:
+        warnings.append(f"{name}: scalar or empty dataset, cannot be read by sample")
+        return row
+    if ds.dtype.hasobject or ds.dtype.fields is not None or ds.dtype.newbyteorder("=").str not in TORCH_DTYPES:
+        warnings.append(f"{name}: dtype {ds.dtype} cannot be held by a torch tensor; the loader refuses this key")
+    try:
+        dataset_files(path, ds)
+    except UsageError as exc:  # missing VDS source, external raw storage
+        warnings.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
+    if ds.chunks:
+        if tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
+            warnings.append(
+                f"{name}: chunks {list(ds.chunks)} split a sample {list(ds.shape[1:])}; "
+                f"each sample read touches several chunks (rechunk to (k, *sample_shape))"
+            )
+        if chunk_bytes is not None and row["nbytes"] >= MiB and not MiB <= chunk_bytes <= 8 * MiB:
+            warnings.append(
+                f"{name}: chunk is {chunk_bytes / MiB:.3g} MiB, outside the 1-8 MiB sweet spot for parallel filesystems"
+            )
+    return row
+
+
+def inspect_file(
+    path: str, keys: tp.Optional[tp.Sequence[str]] = None, lustre: tp.Optional[LustreCommands] = None
+) -> tp.Dict[str, tp.Any]:
+    """Describe a file's datasets and list the warnings a loader user should act on (JSON-able).
+
+    ``keys``: only these datasets (an error names a missing one); ``lustre``: the ``lfs`` seam (a fake in
+    tests), used for the stripe layout when the Lustre client exists."""
     rows: tp.List[tp.Dict[str, tp.Any]] = []
     warnings: tp.List[str] = []
     with open_h5(path) as f:
         if keys:
-            names = list(keys)
-            for k in names:
-                if k not in f or not isinstance(f[k], h5py.Dataset):
-                    raise UsageError(f"{path}: key {k!r} not found or not a dataset")
+            chosen = [(k, open_dataset(path, f, k), None) for k in keys]
         else:
-            names = []
-            f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-        for name in names:
-            ds = f[name]
-            chunk_bytes = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize if ds.chunks else None
-            row = {
-                "key": name,
-                "shape": list(ds.shape),
-                "dtype": str(ds.dtype),
-                "chunks": list(ds.chunks) if ds.chunks else None,
-                "chunk_bytes": chunk_bytes,
-                "compression": ds.compression,
-                "compression_opts": ds.compression_opts,
-                "nbytes": int(ds.size) * ds.dtype.itemsize,
-            }
-            rows.append(row)
-            if ds.ndim == 0:
-                warnings.append(f"{name}: scalar dataset, cannot be read by sample")
-                continue
-            if ds.chunks:
-                if tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
-                    warnings.append(
-                        f"{name}: chunks {list(ds.chunks)} split a sample {list(ds.shape[1:])}; "
-                        f"each sample read touches several chunks (rechunk to (k, *sample_shape))"
-                    )
-                if chunk_bytes is not None and ds.nbytes >= MiB and not MiB <= chunk_bytes <= 8 * MiB:
-                    warnings.append(
-                        f"{name}: chunk is {chunk_bytes / MiB:.3g} MiB, outside the 1-8 MiB sweet spot "
-                        f"for parallel filesystems"
-                    )
+            chosen = _datasets(f, warnings)
+        for name, ds, link in chosen:
+            try:
+                rows.append(_describe(path, name, ds, link, warnings))
+            except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:  # damaged metadata
+                warnings.append(f"{name}: metadata cannot be read ({' '.join(str(exc).split())[:160]})")
         lengths = {r["key"]: r["shape"][0] for r in rows if r["shape"]}
         if len(set(lengths.values())) > 1:
             warnings.append(
                 "datasets differ in length along axis 0: " + ", ".join(f"{k}={n}" for k, n in lengths.items())
             )
     size = os.path.getsize(path)
-    stripe = _stripe(path)
-    if stripe and stripe.split()[0] == "1" and size > 1 << 30:
+    stripe = (lustre or LustreCommands()).stripe(path)
+    if stripe is not None and stripe.count == 1 and size > _ONE_OST_WARN_BYTES:
         warnings.append(
             f"{size / 2**30:.1f} GiB on a single OST (stripe {stripe}); ask your centre about striping or a PFL layout"
         )
-    return {"path": path, "size": size, "stripe": stripe, "datasets": rows, "warnings": warnings}
+    return {
+        "path": path,
+        "size": size,
+        "stripe": None if stripe is None else {"count": stripe.count, "size": stripe.size},
+        "datasets": rows,
+        "warnings": warnings,
+    }
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -95,13 +131,17 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    keys = [k for k in args.keys.split(",") if k] if args.keys else None
+    reports = [inspect_file(path, keys) for path in args.files]  # every file checked before any output
+    if args.json:
+        print(json.dumps({"files": reports}, indent=2))
+        return 0
     console = Console()
-    keys = args.keys.split(",") if args.keys else None
     code = 0
-    for path in args.files:
-        info = inspect_file(path, keys)
-        title = f"{escape(str(path))}  ({info['size'] / MiB:.1f} MiB" + (
-            f", stripe {info['stripe']})" if info["stripe"] else ")"
+    for info in reports:
+        stripe = info["stripe"]
+        title = f"{escape(str(info['path']))}  ({info['size'] / MiB:.1f} MiB" + (
+            f", stripe {stripe['count']} x {stripe['size'] // 1024} KiB)" if stripe else ")"
         )
         table = Table(title=title, title_justify="left")
         for col in ("key", "shape", "dtype", "chunks", "chunk MiB", "compression"):
@@ -111,9 +151,11 @@ def _inspect(args: argparse.Namespace) -> int:
             if r["compression_opts"] is not None:
                 comp += f" ({r['compression_opts']})"
             table.add_row(
-                escape(r["key"]),
-                str(tuple(r["shape"])),
-                r["dtype"],
+                escape(r["key"])
+                + (f" -> {escape(r['link'])}" if r["link"] else "")
+                + (" (virtual)" if r["virtual"] else ""),
+                str(tuple(r["shape"] or ())),
+                escape(r["dtype"]),
                 str(tuple(r["chunks"])) if r["chunks"] else "contiguous",
                 f"{r['chunk_bytes'] / MiB:.3f}" if r["chunk_bytes"] else "-",
                 comp,
@@ -124,32 +166,70 @@ def _inspect(args: argparse.Namespace) -> int:
     return code
 
 
+def _positive_ints(text: str, flag: str) -> tp.Tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",")] if text.strip() else []
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"data synth: {flag} {text!r} must be positive integers separated by commas, e.g. 3,32,32")
+    return tuple(int(p) for p in parts)
+
+
+_SYNTH_MAX_SAMPLE_BYTES = 1 << 30  # synth holds at least one sample in memory while writing
+
+
 def _synth(args: argparse.Namespace) -> int:
     from hpctrain.data.synth import make_dataset
 
-    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else ()
+    shape = _positive_ints(args.shape, "--shape")
     if args.samples < 0:
-        raise UsageError("data synth: --samples must be >= 0")
+        raise UsageError(f"data synth: --samples must be >= 0, got {args.samples}")
+    try:
+        dtype = np.dtype(args.dtype)
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind not in "fiu" or dtype.str not in TORCH_DTYPES:
+        raise UsageError(
+            f"data synth: --dtype {args.dtype!r} is not a numeric type the loader can read; "
+            f"use float32, float16, float64, int8-64 or uint8-64"
+        )
+    if args.chunk_samples < 0:
+        raise UsageError(f"data synth: --chunk-samples must be >= 1 (or 0 for the default), got {args.chunk_samples}")
+    if not 0 <= args.level <= 9:
+        raise UsageError(f"data synth: --level must be a gzip level 0-9, got {args.level}")
     comp = None if args.compression == "none" else args.compression
+    sample_bytes = dtype.itemsize * int(np.prod(shape, dtype=object))
+    if sample_bytes > _SYNTH_MAX_SAMPLE_BYTES:
+        raise UsageError(
+            f"data synth: one sample of --shape {args.shape} is {sample_bytes / 2**30:.3g} GiB; lower --shape"
+        )
     parent = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(parent):
         raise UsageError(f"data synth: {parent} is not a directory; create it first or choose another OUT")
+    if os.path.isdir(args.out):
+        raise UsageError(f"data synth: {args.out} is a directory; give a file name")
+    total = (sample_bytes + 8) * args.samples
+    free = os.statvfs(parent).f_bavail * os.statvfs(parent).f_frsize
+    if comp is None and total > free:
+        raise UsageError(
+            f"data synth: {args.samples} samples need {total / 2**30:.3g} GiB but {parent} has {free / 2**30:.3g} "
+            f"GiB free; lower --samples or --shape"
+        )
     try:
         make_dataset(
             args.out,
             args.samples,
             shape=shape,
-            dtype=args.dtype,
+            dtype=dtype.name,
             chunk_samples=args.chunk_samples or None,
             compression=comp,
             level=args.level,
             seed=args.seed,
         )
     except OSError as exc:
-        raise UsageError(f"data synth: cannot write {args.out}: {exc.strerror or exc}") from None
+        raise HpctrainError(f"data synth: cannot write {args.out}: {exc.strerror or exc}") from None
+    chunk = min(args.chunk_samples or 64, max(1, args.samples))
     print(
-        f"wrote {args.out}: {args.samples} samples of x{list(shape)} {args.dtype} + y int64, "
-        f"{'chunk ' + str(args.chunk_samples or 64) if comp or args.chunk_samples else 'contiguous'}"
+        f"wrote {args.out}: {args.samples} samples of x{list(shape)} {dtype.name} + y int64, "
+        f"{f'chunk {chunk}' if comp or args.chunk_samples else 'contiguous'}"
         f"{', ' + comp if comp else ''} ({os.path.getsize(args.out) / MiB:.1f} MiB)"
     )
     return 0
@@ -161,6 +241,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p = sub.add_parser("inspect", help="keys, shapes, dtypes, chunking, compression, stripes, warnings")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--keys", help="comma-separated dataset names (default: all)")
+    add_json_flag(p)
     p.set_defaults(fn=_inspect)
     s = sub.add_parser("synth", help="write a demo/benchmark dataset (x float32 samples, y int64 labels)")
     s.add_argument("out", metavar="OUT.h5")

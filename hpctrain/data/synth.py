@@ -7,6 +7,7 @@ label ``y[i] = i % classes``.
 from __future__ import annotations
 
 import os
+import tempfile
 import typing as tp
 
 import numpy as np
@@ -32,8 +33,6 @@ def make_dataset(
     """Write ``x`` (samples, *shape) and ``y`` (samples,) int64. ``chunk_samples=None`` and no compression
     gives contiguous storage; ``id_offset`` shifts the ids written in ``x[:, 0...]``
     (for multi-file datasets). ``fill='random'`` (compresses like real noisy data) or ``'fast'``."""
-    import h5py
-
     if samples < 0:
         raise ValueError("samples must be >= 0")
     path = os.fspath(path)
@@ -42,16 +41,57 @@ def make_dataset(
         chunk_samples = 64
     kw: tp.Dict[str, tp.Any] = {}
     if chunk_samples:
+        # a chunk may not be longer than a fixed-size dataset: fewer samples than one chunk get one chunk
+        chunk_samples = min(chunk_samples, max(1, samples))
         kw["chunks"] = (chunk_samples,) + shape
+        if samples == 0:
+            kw["maxshape"] = (None,) + shape
     if compression == "gzip":
         kw.update(compression="gzip", compression_opts=level)
     elif compression:
         kw["compression"] = compression
     rng = np.random.default_rng(seed)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    sample_bytes = np.dtype(dtype).itemsize * max(1, int(np.prod(shape, dtype=np.int64)))
+    write_rows = max(1, min(write_rows, (64 << 20) // sample_bytes))  # bounded memory for large samples
+    # written under a temporary name and renamed: OUT is the complete file or untouched, never half-written
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the dataset gets the mode a new file would have
+    try:
+        _write(tmp, samples, shape, dtype, kw, chunk_samples, compression, rng, classes, fill, write_rows, id_offset)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _write(
+    tmp: str,
+    samples: int,
+    shape: tp.Tuple[int, ...],
+    dtype: str,
+    kw: tp.Dict[str, tp.Any],
+    chunk_samples: tp.Optional[int],
+    compression: tp.Optional[str],
+    rng: np.random.Generator,
+    classes: int,
+    fill: str,
+    write_rows: int,
+    id_offset: int,
+) -> None:
+    import h5py
+
     with h5py.File(tmp, "w", libver="latest") as f:
         x = f.create_dataset("x", (samples,) + shape, dtype=dtype, **kw)
-        ykw = {"chunks": (chunk_samples,)} if chunk_samples else {}
+        ykw: tp.Dict[str, tp.Any] = {"chunks": (chunk_samples,)} if chunk_samples else {}
+        if "maxshape" in kw:
+            ykw["maxshape"] = (None,)
         if compression:
             ykw.update({k: v for k, v in kw.items() if k.startswith("compression")})
         y = f.create_dataset("y", (samples,), dtype="int64", **ykw)
@@ -68,5 +108,3 @@ def make_dataset(
             block.reshape(b - a, -1)[:, 0] = np.arange(a, b) + id_offset
             x[a:b] = block
             y[a:b] = np.arange(a, b) % classes
-    os.replace(tmp, path)
-    return path

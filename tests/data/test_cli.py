@@ -10,6 +10,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 from hpctrain.data.cli import inspect_file, main
 
@@ -127,3 +128,125 @@ def test_inspect_prints_bracketed_paths_literally(tmp_path):
 
     # rich wraps a long title to the table's width: undo the wrap, then look for the literal path
     assert proc.returncode == 0 and str(path) in re.sub(r"\s*\n\s*", "", proc.stdout)
+
+
+# ---- the _cli convention: one line, exit 2, nothing written ------------------------------------------
+
+
+def run_in_process(argv, capsys):
+    from hpctrain._cli import run_main
+
+    code = run_main(main, "data", argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--shape", "a,b"], "--shape 'a,b' must be positive integers"),
+        (["--shape", "0"], "--shape '0' must be positive integers"),
+        (["--shape", "3,-1"], "--shape '3,-1' must be positive integers"),
+        (["--dtype", "nonsense"], "--dtype 'nonsense' is not a numeric type"),
+        (["--dtype", "U8"], "--dtype 'U8' is not a numeric type"),
+        (["--chunk-samples", "-4"], "--chunk-samples must be >= 1"),
+        (["--level", "99"], "--level must be a gzip level 0-9"),
+        (["--samples", "-1"], "--samples must be >= 0"),
+        (["--samples", "x"], "invalid int value"),
+        (["--shape", "100000,100000,100"], "GiB; lower --shape"),
+        (["--compression", "zstd"], "invalid choice"),
+    ],
+)
+def test_synth_bad_arguments_are_one_line_and_write_nothing(tmp_path, capsys, args, match):
+    out = tmp_path / "o.h5"
+    argv = ["synth", str(out), "--samples", "10"] + args
+    code, stdout, err = run_in_process(argv, capsys)
+    assert code == 2 and stdout == ""
+    assert err.startswith("hpctrain data: error:") and err.count("\n") == 1 and match in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("samples,extra", [(10, ["--compression", "gzip"]), (0, ["--compression", "lzf"]), (3, [])])
+def test_synth_fewer_samples_than_one_chunk(tmp_path, capsys, samples, extra):
+    out = tmp_path / "few.h5"
+    code, stdout, err = run_in_process(["synth", str(out), "--samples", str(samples), "--shape", "4"] + extra, capsys)
+    assert code == 0, err
+    with h5py.File(out) as f:
+        assert f["x"].shape == (samples, 4) and f["y"].shape == (samples,)
+        assert [f["x"][i, 0] for i in range(samples)] == list(range(samples))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["few.h5"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # the mode of a new file, not mkstemp's 0600
+
+
+def test_synth_failure_removes_its_temporary_and_keeps_the_old_file(tmp_path, capsys, monkeypatch):
+    import hpctrain.data.synth as synth
+
+    out = tmp_path / "keep.h5"
+    out.write_bytes(b"previous contents")
+    real = synth._write
+
+    def fail_midway(tmp, *a, **kw):
+        real(tmp, *a, **kw)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(synth, "_write", fail_midway)
+    code, _, err = run_in_process(["synth", str(out), "--samples", "100", "--shape", "4"], capsys)
+    assert code == 1 and "cannot write" in err and "No space left on device" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.h5"] and out.read_bytes() == b"previous contents"
+
+
+def test_inspect_json_is_the_table_content(tmp_path, capsys):
+    from hpctrain.data import make_dataset
+
+    a = make_dataset(tmp_path / "a.h5", 100, shape=(8,), chunk_samples=16, compression="gzip")
+    b = make_dataset(tmp_path / "b.h5", 50, shape=(8,))
+    code, out, err = run_in_process(["inspect", "--json", a, b], capsys)
+    assert code == 0 and err == ""
+    report = json.loads(out)
+    assert report == {"files": [inspect_file(a), inspect_file(b)]}
+    x = report["files"][0]["datasets"][0]
+    assert (x["key"], x["shape"], x["chunks"], x["compression"], x["compression_opts"]) == (
+        "x",
+        [100, 8],
+        [16, 8],
+        "gzip",
+        4,
+    )
+    code, out, err = run_in_process(["inspect", "--json", a, str(tmp_path / "missing.h5")], capsys)
+    assert code == 2 and out == "" and "missing.h5: no such file" in err  # nothing half-printed
+
+
+def test_inspect_stripe_warning_through_the_lustre_seam(tmp_path, monkeypatch):
+    import hpctrain.data.cli as cli
+    from hpctrain.data import make_dataset
+    from tests.fake_lustre import FakeLustre
+
+    path = make_dataset(tmp_path / "big.h5", 100, shape=(8,))
+    monkeypatch.setattr(cli, "_ONE_OST_WARN_BYTES", 1000)  # the file stands in for one over 1 GiB
+    one_ost = FakeLustre(default=(1, 1 << 20))
+    info = inspect_file(path, lustre=one_ost)
+    assert info["stripe"] == {"count": 1, "size": 1 << 20}
+    assert any("on a single OST (stripe 1 x 1024 KiB)" in w for w in info["warnings"])
+    assert one_ost.calls == [["getstripe", "-c", "-S", path]]
+    assert not any("OST" in w for w in inspect_file(path, lustre=FakeLustre(default=(8, 4 << 20)))["warnings"])
+    failing = inspect_file(path, lustre=FakeLustre(fail=True))
+    assert failing["stripe"] is None and not any("OST" in w for w in failing["warnings"])
+
+
+def test_inspect_reports_links_and_virtual_datasets(tmp_path):
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f["x"] = np.zeros((10, 2), np.float32)
+    path = tmp_path / "links.h5"
+    with h5py.File(path, "w") as f:
+        f["ext"] = h5py.ExternalLink("src.h5", "x")
+        f["gone"] = h5py.ExternalLink("nope.h5", "x")
+        lay = h5py.VirtualLayout((10, 2), "f4")
+        lay[:] = h5py.VirtualSource("absent.h5", "x", (10, 2))
+        f.create_virtual_dataset("v", lay)
+    info = inspect_file(str(path))
+    rows = {r["key"]: r for r in info["datasets"]}
+    assert rows["ext"]["link"] == "external link to src.h5:x" and rows["v"]["virtual"]
+    text = " ".join(info["warnings"])
+    assert "gone: dangling external link to nope.h5:x" in text and "absent.h5', which does not exist" in text
