@@ -305,3 +305,39 @@ def test_request_larger_than_the_cluster_is_flagged(tmp_path):
         assert squeue_reason(job_id) == "PartitionConfig"  # Slurm's own verdict, however long its pass takes
     finally:
         subprocess.run(["scancel", job_id], check=True)
+
+
+SLEEPER = "import time\n\ndef main(ctx):\n    print('sleeping', flush=True)\n    time.sleep(600)\n"
+
+
+def test_a_job_that_overruns_its_limit_is_not_requeued(tmp_path):
+    """What docs/submit.md and --max-requeues's help say: no requeue after a time-out (Runner has no
+    `checkpoint`), rank 0 stopped at the warning; one task -> FAILED, several -> TIMEOUT at the limit."""
+    (tmp_path / "overrun.py").write_text(SLEEPER)
+    env = dict(ENV, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+    jobs = {}
+    for tasks in (1, 2):  # submitted together: both wait out the same minute
+        run_dir = tmp_path / f"t{tasks}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "hpctrain.submit", "--nodes", "1", "--tasks-per-node", str(tasks), "--time", "1"]
+            + ["--max-requeues", "3", "--entry", "overrun:main", "--run-dir", str(run_dir)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        jobs[tasks] = (json.loads((run_dir / "submission.json").read_text())["job_id"], run_dir)
+    try:
+        finals = {tasks: wait_final(job_id, timeout=240) for tasks, (job_id, _) in jobs.items()}
+    finally:
+        subprocess.run(["scancel", *(job_id for job_id, _ in jobs.values())])
+    assert finals == {1: "FAILED", 2: "TIMEOUT"}
+    for job_id, run_dir in jobs.values():
+        records = subprocess.run(
+            ["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", "JobID"], capture_output=True, text=True
+        ).stdout.split()
+        assert records == [job_id]  # one record: never requeued
+        err = (run_dir / "logs" / f"{job_id}_0_log.err").read_text()
+        assert "Job not requeued because: timed-out and not checkpointable" in err
