@@ -408,10 +408,10 @@ class Trainer:
             dist.all_reduce(moved)
             total = moved.cpu()
         mean = float(total[0] / max(total[1].item(), 1.0))
-        seconds = time.perf_counter() - t0
-        rec.write({"kind": "eval", "step": step, "loss": mean, "batches": int(total[1]), "seconds": seconds})
+        seconds, batches = time.perf_counter() - t0, int(total[1]) // self.world_size
+        rec.write({"kind": "eval", "step": step, "loss": mean, "batches": batches, "seconds": seconds})
         self.display.note(
-            f"hpctrain.train: eval at step {step}: loss {mean:.4f} ({int(total[1])} batches, {seconds:.1f}s)"
+            f"hpctrain.train: eval at step {step}: loss {mean:.4f} ({batches} batches a rank, {seconds:.1f}s)"
         )
         return mean
 
