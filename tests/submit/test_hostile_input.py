@@ -116,6 +116,8 @@ CASES = {
     "entry package __init__ raises": (package(b"raise RuntimeError('boom from init')\n"), "boom from init"),
     "entry module raises at import": (module("raiser", b"raise ValueError('nope')\ndef main(ctx): pass\n"), "nope"),
     "entry is a callable-looking non-callable": (module("inst", b"class K: pass\nmain = K()\n"), "not callable"),
+    "entry of 5000 chars": (lambda t: ["--entry", "m" * 5000 + ":main"], "is 5005 characters"),
+    "entry module name of 300 chars": (lambda t: ["--entry", "m" * 300 + ":main"], "no module named"),
     "entry parent is a module": (lambda t: ["--entry", "hpctrain.errors.sub:main"], "is not a package"),
 }
 
