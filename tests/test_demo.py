@@ -6,9 +6,13 @@ Real processes (gloo on CPU) through hpctrain's own Runner, as ``hpctrain.submit
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from hpctrain.status.cli import collect
+from hpctrain.train.records import ledger_path, metrics_path, read_jsonl
 from tests.multiproc import run_world
 
 
@@ -34,8 +38,24 @@ def data(tmp_path_factory):
     return str(path)
 
 
+def _losses(run_dir):
+    records, problems = read_jsonl(metrics_path(run_dir))
+    assert problems == []
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "interval"}
+
+
+def _digest(ck, step):
+    out = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "ckpt", "digest", ck, "--step", str(step), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
 def test_stopped_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, data):
-    common = ["--data", data, "--batch-size", "32", "--workers", "1", "--ckpt-every", "3"]
+    common = ["--data", data, "--batch-size", "32", "--workers", "1", "--ckpt-every", "3", "--log-every", "1"]
     straight = _run(tmp_path, "straight", 2, ["--steps", "20", "--ckpt-dir", str(tmp_path / "ck-a"), *common])
     assert straight["resumed"] is None and straight["steps_run"] == 20 and straight["weights_in_sync"]
 
@@ -46,6 +66,17 @@ def test_stopped_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(t
     # same world size: the resumed run reproduces the uninterrupted one bit for bit (model, optimizer, data order)
     assert second["weights_checksum"] == straight["weights_checksum"]
     assert second["final_loss"] == straight["final_loss"]
+    # the same final state (model, optimizer, data position) and the same loss curve, step by step
+    assert _digest(str(tmp_path / "ck-a"), 20) == _digest(ck, 20)
+    straight_curve, first_curve, second_curve = (_losses(tmp_path / n) for n in ("straight", "first", "second"))
+    assert sorted(straight_curve) == list(range(1, 21)) and sorted(second_curve) == list(range(12, 21))
+    assert {**first_curve, **second_curve} == straight_curve
+    # the second start's ledger entry says where it resumed from; status reads the finished local run
+    start = read_jsonl(ledger_path(tmp_path / "second"))[0][0]
+    assert start["resumed_from_step"] == 11 and start["checkpoint_dir"] == ck and start["world_size"] == 2
+    report = collect(tmp_path / "second")
+    assert report["job"]["state"] == "COMPLETED" and report["progress"]["step"] == 20
+    assert report["checkpoint"]["step"] == 20 and report["last_interval"]["world_size"] == 2
 
     # and it goes on with another number of ranks from the newest checkpoint
     third = _run(tmp_path, "third", 1, ["--steps", "23", "--ckpt-dir", ck, *common])
