@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import typing as tp
 from pathlib import Path
 
@@ -35,12 +36,15 @@ def fsync_file(path: tp.Union[str, os.PathLike]) -> None:
 def atomic_write_bytes(path: tp.Union[str, os.PathLike], data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically and durably.
 
-    The temporary name carries the pid so that two writers never share a tmp file; it lives in the
-    same directory so the rename stays on one filesystem (atomic on POSIX, Lustre and GPFS).
+    The temporary file ``.NAME.tmp-<pid>-<random hex>`` is created with ``O_CREAT | O_EXCL |
+    O_NOFOLLOW``: its name cannot be guessed in advance, and a file or symlink planted there makes the
+    write fail instead of redirecting it. It lives in the same directory so the rename stays on one
+    filesystem (atomic on POSIX, Lustre and GPFS). A killed writer leaves it behind; the checkpoint
+    clean-up removes such files once stale.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         view = memoryview(data)
         while view:

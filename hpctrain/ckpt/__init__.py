@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import typing as tp
 
-__all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult", "FAULT_POINTS"]
+__all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
 
 if tp.TYPE_CHECKING:  # pragma: no cover
-    from hpctrain.ckpt._commit import FAULT_POINTS
     from hpctrain.ckpt.checkpointer import CheckpointConfig, Checkpointer, RestoreResult
 
 
 def __getattr__(name: str) -> tp.Any:
-    if name in ("CheckpointConfig", "Checkpointer", "RestoreResult"):
+    if name in __all__:
         from hpctrain.ckpt import checkpointer
 
         return getattr(checkpointer, name)
-    if name == "FAULT_POINTS":
-        from hpctrain.ckpt._commit import FAULT_POINTS
-
-        return FAULT_POINTS
     raise AttributeError(f"module 'hpctrain.ckpt' has no attribute {name!r}")

@@ -12,9 +12,15 @@ agreed once when the checkpointer is built, ``k`` counts saves), so the fast pat
 3. rank 0 writes ``MANIFEST.json`` (tmp + fsync + rename), renames the dir to ``step-N``, fsyncs the
    parent, replaces ``LATEST`` atomically. A last all-gather tells every rank that the commit happened.
 
+Every rank puts an owner file (host, pid, job) in the tmp dir right after creating it, so that clean-up
+(``ckpt gc``, another checkpointer's start) can tell a live save from an abandoned one. A re-save of a
+step that exists moves the old copy aside (``step-N.replaced-*``) and renames the new one into place;
+the old copy is deleted only after that, and put back by the next clean-up if the save died between.
+
 Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:sleepSECONDS]``, comma separated; SIGKILL by default):
 ``start``, ``before_write``, ``after_write`` (written, not fsynced), ``after_fsync`` (before the
-agreement), ``after_agree``, ``after_manifest``, ``after_rename`` (before LATEST), ``after_latest``.
+agreement), ``after_agree``, ``after_manifest``, ``after_move_aside`` (a re-save, between its two
+renames), ``after_rename`` (before LATEST), ``after_latest``.
 """
 
 from __future__ import annotations
@@ -22,23 +28,35 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import secrets
 import shutil
 import signal
-import subprocess
 import threading
 import time
 import typing as tp
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hpctrain._atomic import atomic_write_json, atomic_write_text, fsync_dir
-from hpctrain.ckpt._format import FORMAT_VERSION, LATEST, MANIFEST, crc32, shard_name, step_name, tmp_name
+from hpctrain._lustre import LustreCommands
+from hpctrain.ckpt._format import (
+    FORMAT_VERSION,
+    LATEST,
+    MANIFEST,
+    SMALL_PIECE_BYTES,
+    crc32,
+    replaced_name,
+    shard_name,
+    step_name,
+    tmp_name,
+)
+from hpctrain.ckpt._scan import OWNER_PREFIX, owner_record
 from hpctrain.errors import HpctrainError
+from hpctrain.runtime.env import from_environ
 
-__all__ = ["Comm", "fault", "FAULT_POINTS", "ShardPlan", "commit_save", "write_shard"]
+__all__ = ["Comm", "fault", "FAULT_POINTS", "ShardPlan", "commit_save", "write_shard", "job_identity"]
 
 log = logging.getLogger("hpctrain.ckpt")
 
@@ -49,6 +67,7 @@ FAULT_POINTS = (
     "after_fsync",
     "after_agree",
     "after_manifest",
+    "after_move_aside",
     "after_rename",
     "after_latest",
 )
@@ -87,8 +106,10 @@ class Comm:
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         else:
             self.rank, self.world, self.group = 0, 1, None
+        self.job_id, self.restart_count = job_identity()
         # one tag per checkpointer, agreed once: tmp dir names need no round trip at save time
-        self.tag = self.all_gather(_job_tag() if self.rank == 0 else "")[0]
+        tag = f"j{self.job_id or 'local'}-r{self.restart_count}-{secrets.token_hex(5)}"
+        self.tag = self.all_gather(tag if self.rank == 0 else "")[0]
         self.saves = 0
 
     def _fail(self, exc: BaseException) -> HpctrainError:
@@ -141,14 +162,21 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[n:]
 
 
-def write_shard(path: Path, plan: ShardPlan, rank: int, stripe: tp.Sequence[str] = ()) -> tp.Tuple[int, int]:
+def write_shard(
+    path: Path,
+    plan: ShardPlan,
+    rank: int,
+    stripe: tp.Sequence[str] = (),
+    lustre: tp.Optional[LustreCommands] = None,
+) -> tp.Tuple[int, int]:
     """Write header + data, fsync (in a thread) while computing crc32; return (size, crc32).
 
-    With ``stripe``, ``lfs setstripe`` creates the (new, empty) file with that layout first."""
-    if _stripe(path, stripe):
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    With ``stripe``, ``lfs setstripe`` (through ``lustre``) creates the new, empty file with that layout
+    first; where it cannot, the file is created with the filesystem's default layout."""
+    if stripe and (lustre or LustreCommands()).create_striped(path, stripe):
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
     else:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         crc_parts: tp.List[memoryview] = [memoryview(plan.header)]
         _write_all(fd, memoryview(plan.header))
@@ -160,7 +188,7 @@ def write_shard(path: Path, plan: ShardPlan, rank: int, stripe: tp.Sequence[str]
                 crc_parts.append(memoryview(pad))
                 pending += pad
             crc_parts.append(view)
-            if view.nbytes < (256 << 10):  # coalesce small tensors into one write
+            if view.nbytes < SMALL_PIECE_BYTES:  # coalesce small tensors into one write
                 pending += view
             else:
                 if pending:
@@ -193,23 +221,24 @@ def write_shard(path: Path, plan: ShardPlan, rank: int, stripe: tp.Sequence[str]
     return size, crc
 
 
-def _job_tag() -> str:
-    job = os.environ.get("SLURM_JOB_ID", "local")
-    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-    return f"j{job}-r{restart}-{uuid.uuid4().hex[:10]}"
-
-
-def _stripe(path: Path, spec: tp.Sequence[str]) -> bool:
-    """Create ``path`` striped with ``lfs setstripe``; False (nothing created) when off or unavailable."""
-    if not spec or shutil.which("lfs") is None:
-        return False
+def job_identity() -> tp.Tuple[str, int]:
+    """(job id, restart count) from the launcher's environment; ("", 0) outside a job or when it is inconsistent."""
     try:
-        subprocess.run(["lfs", "setstripe", *spec, str(path)], check=True, capture_output=True, timeout=60)
-    except (subprocess.SubprocessError, OSError) as exc:
-        log.warning("hpctrain.ckpt: lfs setstripe %s failed (continuing unstriped): %s", " ".join(spec), exc)
-        path.unlink(missing_ok=True)
-        return False
-    return path.exists()
+        env = from_environ()
+    except HpctrainError:
+        return "", 0
+    return env.job_id, env.restart_count
+
+
+def _write_owner(tmp: Path, rank: int, comm: "Comm") -> None:
+    """This rank's owner file in the tmp dir (exclusive, never through a planted symlink)."""
+    fd = os.open(
+        tmp / f"{OWNER_PREFIX}{rank}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+    )
+    try:
+        os.write(fd, owner_record(rank, comm.job_id, comm.restart_count))
+    finally:
+        os.close(fd)
 
 
 def _space_error(root: Path, need: int, margin: float) -> str:
@@ -231,6 +260,7 @@ def commit_save(
     manifest_extra: tp.Dict[str, tp.Any],
     *,
     stripe: tp.Sequence[str] = (),
+    lustre: tp.Optional[LustreCommands] = None,
     check_free_space: bool = True,
     space_margin: float = 1.05,
     aborted: tp.Callable[[], bool] = lambda: False,
@@ -249,10 +279,11 @@ def commit_save(
             err = _space_error(root, plan.total_bytes, space_margin)
         if not err:
             tmp.mkdir(exist_ok=True)
+            _write_owner(tmp, rank, comm)
             fault("before_write", rank)
             if aborted():
                 raise OSError("save abandoned")
-            size, crc = write_shard(tmp / name, plan, rank, stripe)
+            size, crc = write_shard(tmp / name, plan, rank, stripe, lustre)
             fault("after_fsync", rank)
     except OSError as exc:
         hint = " (disk full)" if getattr(exc, "errno", None) == 28 else ""
@@ -287,6 +318,7 @@ def commit_save(
     # -- phase 3: rank 0 publishes
     final = root / step_name(step)
     commit_err = ""
+    aside: tp.Optional[Path] = None
     if rank == 0 and aborted():
         commit_err = "save abandoned"
     elif rank == 0:
@@ -300,15 +332,25 @@ def commit_save(
                 "torch": torch.__version__,
                 **manifest_extra,
             }
+            for r in range(1, world):  # every shard is durable; rank 0's own file marks the dir live until renamed
+                (tmp / f"{OWNER_PREFIX}{r}.json").unlink(missing_ok=True)
             atomic_write_json(tmp / MANIFEST, manifest)
             fault("after_manifest", rank)
-            if final.exists():  # a re-save of a step: move the old one aside, never write into it
-                os.rename(final, root / f"{step_name(step)}.deleting-replaced-{uuid.uuid4().hex[:8]}")
+            if os.path.lexists(final):  # a re-save: move the old copy aside (kept until the new one is in place)
+                aside = root / replaced_name(step, secrets.token_hex(4))
+                os.rename(final, aside)
+                fault("after_move_aside", rank)
             os.rename(tmp, final)
             fsync_dir(root)
+            (final / f"{OWNER_PREFIX}0.json").unlink(missing_ok=True)  # (a kill here leaves it: harmless)
             fault("after_rename", rank)
         except OSError as exc:
             commit_err = f"rank 0 could not publish step {step}: {exc}"
+            if aside is not None and not os.path.lexists(final):
+                try:  # put the previous copy back at once (clean-up would also do it)
+                    os.rename(aside, final)
+                except OSError:
+                    pass
         if not commit_err:
             try:  # LATEST is a hint for humans and tools; restore scans, so a failure here is not fatal
                 atomic_write_text(root / LATEST, step_name(step) + "\n")

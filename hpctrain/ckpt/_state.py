@@ -10,7 +10,7 @@ import typing as tp
 import numpy as np
 import torch
 
-from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES
+from hpctrain.ckpt._format import DTYPE_SIZES, align
 from hpctrain.errors import UsageError
 
 __all__ = [
@@ -18,11 +18,9 @@ __all__ = [
     "unflatten",
     "Piece",
     "split_replicated",
-    "layout_hash",
     "capture_rng",
     "restore_rng",
     "tensor_bytes",
-    "dtype_name",
     "DTYPES",
     "Layout",
     "layout",
@@ -110,10 +108,6 @@ def _dtype_info(dtype: torch.dtype) -> tp.Tuple[str, int]:
     return info
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return _dtype_info(dtype)[0]
-
-
 def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -135,10 +129,6 @@ def layout(tensors: tp.Mapping[str, torch.Tensor]) -> Layout:
         sig.append((key, name, tuple(t.shape)))
         total += es * n
     return Layout(items, total, hashlib.sha1(repr(sig).encode()).hexdigest())
-
-
-def layout_hash(tensors: tp.Mapping[str, torch.Tensor]) -> str:
-    return layout(tensors).digest
 
 
 def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], rank: int, world: int) -> tp.List[Piece]:
@@ -185,7 +175,7 @@ def plan_offsets(pieces: tp.Sequence[Piece]) -> tp.Tuple[tp.List[tp.Dict[str, tp
                 "nbytes": nb,
             }
         )
-        off += (nb + ALIGN - 1) // ALIGN * ALIGN
+        off += align(nb)
     return entries, off
 
 
@@ -223,23 +213,49 @@ def capture_rng() -> tp.Dict[str, tp.Any]:
     return state
 
 
-def restore_rng(state: tp.Mapping[str, tp.Any]) -> tp.List[str]:
-    """Restore what can be restored; return the names of generators left untouched (and why)."""
+def restore_rng(state: tp.Any) -> tp.List[str]:
+    """Restore what can be restored; return the names of generators left untouched (and why).
+
+    Each saved state is first loaded into a scratch generator, so a malformed one is skipped (and
+    named) instead of raising half-way or leaving a generator in a broken state."""
+    if not isinstance(state, dict):
+        return ["all generators (the saved RNG state is malformed)"]
     skipped = []
     if "python" in state:
-        v, internal, gauss = state["python"]
-        random.setstate((v, tuple(internal), gauss))
+        try:
+            v, internal, gauss = state["python"]
+            py_state = (v, tuple(internal), gauss)
+            random.Random().setstate(py_state)
+            random.setstate(py_state)
+        except (TypeError, ValueError, OverflowError):
+            skipped.append("python (malformed state)")
     if "numpy" in state:
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        try:
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np_state = (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+            np.random.RandomState().set_state(np_state)
+            np.random.set_state(np_state)
+        except (TypeError, ValueError, OverflowError):
+            skipped.append("numpy (malformed state)")
     if "torch" in state:
-        torch.set_rng_state(state["torch"].to("cpu", torch.uint8).clone())
+        try:
+            t = state["torch"].to("cpu", torch.uint8).clone()
+            torch.Generator().set_state(t)
+            torch.set_rng_state(t)
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            skipped.append("torch (malformed state)")
     if "cuda" in state:
-        if torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
-            torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8).clone() for s in state["cuda"]])
+        cuda = state["cuda"]
+        if not isinstance(cuda, list) or not all(isinstance(s, torch.Tensor) for s in cuda):
+            skipped.append("cuda (malformed state)")
+        elif torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+            try:
+                torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8).clone() for s in cuda])
+            except (TypeError, ValueError, RuntimeError):
+                skipped.append("cuda (malformed state)")
         else:
             skipped.append(
                 "cuda (saved with %d devices, %d here)"
-                % (len(state["cuda"]), torch.cuda.device_count() if torch.cuda.is_available() else 0)
+                % (len(cuda), torch.cuda.device_count() if torch.cuda.is_available() else 0)
             )
     return skipped

@@ -15,20 +15,29 @@ from pathlib import Path
 
 import torch
 
-from hpctrain.ckpt._async import DIRECT_MIN_BYTES, Stager, Writer
+from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._format import (
     DTYPE_SIZES,
     MAGIC,
+    SMALL_PIECE_BYTES,
     CheckpointFormatError,
     crc32,
     encode_header,
     quarantine_name,
-    read_header,
-    read_manifest,
     step_name,
 )
-from hpctrain.ckpt._scan import Deleter, plan_retention, remove_dir, scan
+from hpctrain.ckpt._reader import Index, StoredTensor, build_index
+from hpctrain.ckpt._scan import (
+    ABANDONED_AFTER_S,
+    Deleter,
+    plan_retention,
+    remove_dir,
+    scan,
+    settle_replaced,
+    stale_write_files,
+)
+from hpctrain.ckpt._staging import Stager
 from hpctrain.ckpt._state import (
     DTYPES,
     capture_rng,
@@ -41,6 +50,7 @@ from hpctrain.ckpt._state import (
     unflatten,
     whole,
 )
+from hpctrain.ckpt._writer import Writer
 from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
@@ -70,7 +80,11 @@ class CheckpointConfig:
     free_space_margin: float = 1.05
     """Required free space as a multiple of the checkpoint size."""
     clean_abandoned: bool = True
-    """At startup, delete temporary directories of earlier interrupted saves (in the background, rank 0)."""
+    """At startup, delete temporary directories of earlier interrupted saves (in the background, rank 0):
+    those of earlier restarts of this job, those whose writers are provably gone, and those untouched
+    for ``abandoned_after_s``."""
+    abandoned_after_s: float = ABANDONED_AFTER_S
+    """A temporary directory whose writers cannot be proven gone is left alone until untouched this long."""
 
     def __post_init__(self) -> None:
         if not str(self.dir):
@@ -81,6 +95,8 @@ class CheckpointConfig:
             raise UsageError(f"CheckpointConfig.keep_every must be >= 0 (0 = off), got {self.keep_every}")
         if not self.agreement_timeout_s > 0:
             raise UsageError(f"CheckpointConfig.agreement_timeout_s must be > 0, got {self.agreement_timeout_s}")
+        if not self.abandoned_after_s > 0:
+            raise UsageError(f"CheckpointConfig.abandoned_after_s must be > 0, got {self.abandoned_after_s}")
         if self.free_space_margin < 1.0:
             raise UsageError(f"CheckpointConfig.free_space_margin must be >= 1.0, got {self.free_space_margin}")
         if isinstance(self.lustre_stripe, str) or not all(isinstance(a, str) for a in self.lustre_stripe):
@@ -108,20 +124,34 @@ class RestoreResult:
 class Checkpointer:
     """Per-rank sharded checkpoints with a two-phase commit; call every method on every rank."""
 
-    def __init__(self, config: CheckpointConfig, *, run_id: str = "") -> None:
+    def __init__(
+        self, config: CheckpointConfig, *, run_id: str = "", lustre: tp.Optional[LustreCommands] = None
+    ) -> None:
+        """``lustre``: the ``lfs`` seam used for ``config.lustre_stripe`` (default: the real ``lfs``)."""
         self.config = config
         self.run_id = run_id
         self.root = Path(config.dir)
+        self._lustre = lustre
         self._comm = Comm(config.agreement_timeout_s)
         self.rank, self.world_size = self._comm.rank, self._comm.world
         self._writer: tp.Optional[Writer] = None
         self._stager = Stager()
         self._abort = threading.Event()
         self._deleter = Deleter() if self.rank == 0 else None
-        if self._deleter is not None and config.clean_abandoned:
-            for e in scan(self.root, read_manifests=False):
-                if e.status in ("abandoned", "deleting"):
-                    self._deleter.submit(e.path)
+        if self._deleter is not None:
+            # synchronous: a re-save that died between its renames gets its step back before any restore
+            # (restore starts with a barrier, so the other ranks scan after this)
+            settle_replaced(self.root, scan(self.root))
+            if config.clean_abandoned:
+                self._deleter.submit(self._clean_abandoned)
+
+    def _clean_abandoned(self) -> None:
+        job = (self._comm.job_id, self._comm.restart_count)
+        for e in scan(self.root, read_manifests=False, older_than_s=self.config.abandoned_after_s, job=job):
+            if e.status in ("abandoned", "deleting"):
+                remove_dir(e.path)
+        for f in stale_write_files(self.root, self.config.abandoned_after_s):
+            f.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ save
     def save(
@@ -175,7 +205,7 @@ class Checkpointer:
         # async: copy everything into the reused host arena (pinned on a GPU) and return right after the
         # copy; blocking: the caller waits for the commit, so large CPU tensors are written straight from
         # their own memory and only the small ones are copied (coalesced into a few large writes)
-        chunks = self._stager.stage(pieces, entries, data_size, direct_min=DIRECT_MIN_BYTES if blocking else None)
+        chunks = self._stager.stage(pieces, entries, data_size, direct_min=SMALL_PIECE_BYTES if blocking else None)
         plan = ShardPlan(header_bytes, chunks, lay.digest, total)
         manifest_extra = {
             "run_id": self.run_id,
@@ -183,7 +213,7 @@ class Checkpointer:
             "time": time.time(),
             "entries": sorted(trees),
             "host": socket.gethostname(),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+            "job_id": self._comm.job_id,
         }
         if blocking:
             return self._commit(step, plan, manifest_extra)
@@ -202,6 +232,7 @@ class Checkpointer:
             plan,
             manifest_extra,
             stripe=cfg.lustre_stripe,
+            lustre=self._lustre,
             check_free_space=cfg.check_free_space,
             space_margin=cfg.free_space_margin,
             aborted=self._abort.is_set,
@@ -214,9 +245,7 @@ class Checkpointer:
         entries = scan(self.root)
         for e in plan_retention(entries, self.config.keep_last, self.config.keep_every):
             remove_dir(e.path)
-        for e in entries:  # a re-saved step's previous copy, moved aside by the commit
-            if e.status == "deleting" and "-replaced-" in e.name:
-                remove_dir(e.path)
+        settle_replaced(self.root, entries)  # a re-saved step's previous copy, once the new one is committed
 
     @property
     def in_flight(self) -> bool:
@@ -254,7 +283,8 @@ class Checkpointer:
                 self._writer.close()
                 self._writer = None
             if self._deleter is not None:
-                self._deleter.join()
+                self._deleter.close()
+                self._deleter = None
             self._stager.release()
 
     def join_gc(self) -> None:
@@ -281,6 +311,7 @@ class Checkpointer:
         previous committed step is tried. ``step=`` loads exactly that step (no fallback).
         """
         self.wait()
+        self._comm.all_gather_ints([0])  # rank 0 has settled interrupted re-saves (in __init__) before anyone scans
         mine = sorted((e.step for e in scan(self.root) if e.status == "committed"), reverse=True)
         seen = self._comm.all_gather(mine)
         common = sorted(set(seen[0]).intersection(*map(set, seen[1:])), reverse=True)
@@ -295,8 +326,10 @@ class Checkpointer:
             path = self.root / step_name(s)
             try:
                 loaded, err = self._load(path), ""
-            except (CheckpointFormatError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            except CheckpointFormatError as exc:
                 loaded, err = None, f"rank {self.rank}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
+                loaded, err = None, f"rank {self.rank}: {path.name}: {type(exc).__name__}: {exc}"
             ok = self._comm.all_gather_ints([0 if err else 1])
             errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
             if not errors:
@@ -321,47 +354,31 @@ class Checkpointer:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)
         return None
 
-    def _load(
-        self, path: Path
-    ) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, torch.Tensor], tp.Any, tp.Dict[str, tp.Any]]:
-        """Read and check every shard; tensors come back as views into the read buffers, except tensors
-        split across shards, whose pieces are read straight into one tensor (no assembly copy)."""
-        manifest = read_manifest(path)
-        shards = manifest["shards"]
-        for s in shards:  # sizes first: cheap, catches truncation and missing files before any big read
-            size = (path / s["file"]).stat().st_size
-            if size != s["bytes"]:
-                raise CheckpointFormatError(
-                    f"{path.name}/{s['file']}: size {size} != {s['bytes']} in the manifest (truncated?)"
-                )
-        headers = [read_header(path / s["file"]) for s in shards]
-        pieces: tp.Dict[str, tp.List[tp.Tuple[int, int, int, int, tp.Dict[str, tp.Any]]]] = {}
-        for i, hdr in enumerate(headers):
-            for e in hdr.header["entries"]:
-                if e["key"].startswith("local/") and i != self.rank:
-                    continue  # another rank's RNG state
-                pieces.setdefault(e["key"], []).append((e["start"], e["stop"], i, hdr.data_start + e["offset"], e))
-        where = path.name
-        for key, ps in pieces.items():
-            _check_pieces(where, key, ps)
+    def _load(self, path: Path) -> tp.Tuple[Index, tp.Dict[str, torch.Tensor], tp.Any]:
+        """Read and check every shard into fresh memory (the caller's objects are not touched).
+
+        The index (manifest, sizes, headers, piece tiling, trees) is the one ``ckpt verify`` builds.
+        Tensors come back as views into the read buffers, except tensors split across shards, whose
+        pieces are read straight into one tensor (no assembly copy). This rank checks the crc32 of
+        1/world of the shards."""
+        index = build_index(path)
+        n = len(index.shards)
+        stored: tp.Dict[str, StoredTensor] = dict(index.tensors)
+        if self.rank < n:
+            stored.update(index.local[self.rank])  # this rank's own RNG state, not the others'
         # tensors stored in several pieces get their final memory now; reads land there directly
-        split = {
-            k: torch.empty(_numel(ps[0][4]["shape"]), dtype=DTYPES[ps[0][4]["dtype"]])
-            for k, ps in pieces.items()
-            if len(ps) > 1
-        }
-        direct: tp.List[tp.List[tp.Tuple[int, memoryview]]] = [[] for _ in shards]
+        split = {k: torch.empty(t.numel, dtype=DTYPES[t.dtype]) for k, t in stored.items() if len(t.pieces) > 1}
+        direct: tp.List[tp.List[tp.Tuple[int, memoryview]]] = [[] for _ in range(n)]
         for k, out in split.items():
             base, es = out.data_ptr(), out.element_size()
-            for start, stop, i, off, _ in pieces[k]:
-                nb = (stop - start) * es
-                if nb:
-                    direct[i].append((off, memoryview((ctypes.c_char * nb).from_address(base + start * es)).cast("B")))
-        bufs: tp.List[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * len(shards)
-        n = len(shards)
+            for p in stored[k].pieces:
+                if p.nbytes:
+                    view = memoryview((ctypes.c_char * p.nbytes).from_address(base + p.start * es)).cast("B")
+                    direct[p.shard].append((p.pos, view))
+        bufs: tp.List[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * n
         for k in range(n):  # rank r starts at shard r: the ranks read different files in parallel
             i = (self.rank + k) % n
-            s = shards[i]
+            s = index.shards[i]
             buf = torch.empty(s["bytes"], dtype=torch.uint8)  # pages under direct-read holes are never touched
             whole = memoryview(buf.numpy())
             segments: tp.List[memoryview] = []
@@ -372,7 +389,7 @@ class Checkpointer:
             segments.append(whole[pos:])
             crc = 0
             check = self.config.verify_checksums and i % self.world_size == self.rank % n
-            with open(path / s["file"], "rb", buffering=0) as f:
+            with index.open_shard(i) as f:
                 try:
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 except (OSError, AttributeError):  # a hint only (not every kernel/sandbox has it)
@@ -381,6 +398,8 @@ class Checkpointer:
                     _read_exact(f, seg, f"{path.name}/{s['file']}")
                     if check:
                         crc = crc32(seg, crc)
+                if f.read(1):
+                    raise CheckpointFormatError(f"{path.name}/{s['file']}: grew while reading")
             if check and crc != s["crc32"]:
                 raise CheckpointFormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
             if bytes(whole[: len(MAGIC)]) != MAGIC:
@@ -388,26 +407,24 @@ class Checkpointer:
             bufs[i] = buf
         tensors: tp.Dict[str, torch.Tensor] = {}
         typed: tp.Dict[tp.Tuple[int, str], torch.Tensor] = {}
-        for key, ps in pieces.items():
+        for key, t in stored.items():
             if key in split:
-                tensors[key] = split[key].view([int(d) for d in ps[0][4]["shape"]])
+                tensors[key] = split[key].view(t.shape)
                 continue
-            _, _, i, off, e = ps[0]
-            tv = typed.get((i, e["dtype"]))
+            p = t.pieces[0]
+            tv = typed.get((p.shard, t.dtype))
             if tv is None:  # one typed view per shard and dtype (offsets are 64-byte aligned)
-                es = DTYPE_SIZES[e["dtype"]]
-                tv = typed[(i, e["dtype"])] = bufs[i][: bufs[i].numel() // es * es].view(DTYPES[e["dtype"]])
-            shape = [int(d) for d in e["shape"]]
+                es = DTYPE_SIZES[t.dtype]
+                buf = bufs[p.shard]
+                tv = typed[(p.shard, t.dtype)] = buf[: buf.numel() // es * es].view(DTYPES[t.dtype])
             strides, acc = [], 1
-            for d in reversed(shape):
+            for d in reversed(t.shape):
                 strides.append(acc)
                 acc *= max(d, 1)
-            tensors[key] = torch.as_strided(tv, shape, strides[::-1], tv.storage_offset() + off // tv.element_size())
-        trees = headers[0].header.get("trees")
-        if not isinstance(trees, dict):
-            raise CheckpointFormatError(f"{path.name}: shard 0 holds no state tree")
-        local_tree = headers[self.rank].header.get("local") if self.rank < n else None
-        return trees, tensors, local_tree, manifest
+            tensors[key] = torch.as_strided(
+                tv, t.shape, strides[::-1], tv.storage_offset() + p.pos // tv.element_size()
+            )
+        return index, tensors, index.local_trees[self.rank] if self.rank < n else None
 
     def _apply(
         self,
@@ -423,29 +440,37 @@ class Checkpointer:
         strict: bool,
         rng: bool,
     ) -> RestoreResult:
-        trees, tensors, local_tree, manifest = loaded
-        for name, obj in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)):
-            if obj is None:
-                continue
+        """Check what was loaded against the caller's objects, then load it into them: the model last, after
+        its keys, shapes and dtypes were checked, so that a checkpoint that does not fit changes nothing in it."""
+        index, tensors, local_tree = loaded
+        trees, manifest = index.trees, index.manifest
+        targets = [(n, o) for n, o in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)) if o is not None]
+        for name, _ in targets:
             if name not in trees:
                 raise HpctrainError(f"checkpoint step {s} holds no {name} state (it has: {', '.join(sorted(trees))})")
-            state = unflatten(trees[name], tensors)
-            try:
-                obj.load_state_dict(state, strict=strict) if name == "model" else obj.load_state_dict(state)
-            except (RuntimeError, ValueError, KeyError) as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise HpctrainError(
-                    f"checkpoint step {s} does not fit the {name} passed to restore(): {first}"
-                ) from exc
+        states = {name: unflatten(trees[name], tensors) for name, _ in targets}  # trees were checked by the index
+        if model is not None:
+            _check_fits_model(s, model, states["model"], strict)
         extra = None
         if "extra" in trees:
             extra = unflatten(
                 trees["extra"], {k: v.to(map_location) for k, v in tensors.items() if k.startswith("extra")}
             )
+        # torch optimizers/schedulers check a state dict before changing anything; the model goes last
+        for name, obj in sorted(targets, key=lambda t: t[0] == "model"):
+            try:
+                obj.load_state_dict(states[name], strict=strict) if name == "model" else obj.load_state_dict(
+                    states[name]
+                )
+            except Exception as exc:  # noqa: BLE001 - whatever a load_state_dict raises, one clear error
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise HpctrainError(
+                    f"checkpoint step {s} does not fit the {name} passed to restore(): {first}"
+                ) from exc
         rng_restored = False
         if rng and local_tree is not None and "rng" in local_tree:
             skipped = restore_rng(unflatten(local_tree["rng"], tensors))
-            rng_restored = True
+            rng_restored = not skipped
             for what in skipped:
                 log.warning("hpctrain.ckpt: RNG state not restored: %s", what)
         elif rng:
@@ -469,27 +494,30 @@ class Checkpointer:
         )
 
 
-def _numel(shape: tp.Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def _check_pieces(where: str, key: str, ps: tp.List[tp.Tuple[int, int, int, int, tp.Dict[str, tp.Any]]]) -> None:
-    """The pieces of one tensor must tile it exactly, with one dtype and shape."""
-    if len(ps) > 1:
-        ps.sort(key=lambda p: p[0])
-    e0 = ps[0][4]
-    pos = 0
-    for start, stop, _, _, e in ps:
-        if start != pos or e["dtype"] != e0["dtype"] or e["shape"] != e0["shape"]:
-            raise CheckpointFormatError(f"{where}: the stored pieces of tensor {key!r} do not fit together")
-        pos = stop
-    if pos != _numel(e0["shape"]):
-        raise CheckpointFormatError(
-            f"{where}: tensor {key!r} is incomplete ({pos} of {_numel(e0['shape'])} elements stored)"
-        )
+def _check_fits_model(step: int, model: tp.Any, state: tp.Any, strict: bool) -> None:
+    """The saved model state has the keys (when strict), shapes and dtype kinds of ``model.state_dict()``:
+    ``load_state_dict`` copies tensor by tensor, so a mismatch found there would leave the model half loaded."""
+    target = model.state_dict()
+    where = f"checkpoint step {step} does not fit the model passed to restore()"
+    if not isinstance(state, dict):
+        raise HpctrainError(f"{where}: the saved model state is a {type(state).__name__}, not a dict")
+    if strict:
+        missing = [k for k in target if k not in state]
+        unexpected = [k for k in state if k not in target]
+        if missing or unexpected:
+            raise HpctrainError(
+                f"{where}: missing keys {missing[:3]}, unexpected keys {unexpected[:3]} (pass strict=False to allow)"
+            )
+    for key, want in target.items():
+        got = state.get(key)
+        if not isinstance(want, torch.Tensor) or got is None:
+            continue
+        if not isinstance(got, torch.Tensor):
+            raise HpctrainError(f"{where}: {key} is saved as a {type(got).__name__}, not a tensor")
+        if got.shape != want.shape:
+            raise HpctrainError(f"{where}: {key} has shape {list(got.shape)} saved, {list(want.shape)} in the model")
+        if got.dtype != want.dtype and not (got.dtype.is_floating_point and want.dtype.is_floating_point):
+            raise HpctrainError(f"{where}: {key} is {got.dtype} saved, {want.dtype} in the model")
 
 
 def _read_exact(f: tp.BinaryIO, view: memoryview, name: str) -> None:

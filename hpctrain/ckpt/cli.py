@@ -10,8 +10,17 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._cli import add_json_flag, add_subcommands, command_parser
-from hpctrain.ckpt._format import CheckpointFormatError, digest_dir, step_name, verify_dir
-from hpctrain.ckpt._scan import Entry, plan_retention, remove_dir, scan
+from hpctrain.ckpt._format import CheckpointFormatError, step_name
+from hpctrain.ckpt._reader import digest_dir, verify_dir
+from hpctrain.ckpt._scan import (
+    ABANDONED_AFTER_S,
+    Entry,
+    plan_retention,
+    remove_dir,
+    scan,
+    settle_replaced,
+    stale_write_files,
+)
 from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["main"]
@@ -27,6 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="delete all but the newest K committed checkpoints and abandoned temporaries")
     gc.add_argument("--keep", type=int, required=True, help="committed checkpoints to keep (>= 1)")
     gc.add_argument("--keep-every", type=int, default=0, help="also keep steps that are multiples of N")
+    gc.add_argument(
+        "--older-than",
+        type=float,
+        default=ABANDONED_AFTER_S,
+        metavar="SECONDS",
+        help="a save's temporary dir whose writers cannot be proven gone (another host) is deleted only when "
+        f"untouched this long (default {ABANDONED_AFTER_S:.0f})",
+    )
     gc.add_argument("--dry-run", action="store_true", help="print what would be deleted")
     digest = sub.add_parser("digest", help="content hash per state entry, independent of the world size")
     digest.add_argument("--step", type=int, help="default: newest committed step")
@@ -36,10 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _entries(root: Path) -> tp.List[Entry]:
+def _entries(root: Path, older_than_s: float = ABANDONED_AFTER_S) -> tp.List[Entry]:
     if not root.is_dir():
         raise UsageError(f"{root} is not a directory; pass the checkpoint dir (CheckpointConfig.dir)")
-    return scan(root)
+    return scan(root, older_than_s=older_than_s)
 
 
 def _pick(root: Path, step: tp.Optional[int]) -> Entry:
@@ -82,7 +99,14 @@ def _ls(args: argparse.Namespace) -> int:
     table = Table(title=f"checkpoints in {escape(str(args.dir))}")
     for col in ("step", "status", "world", "size", "time", "name"):
         table.add_column(col, justify="right" if col in ("step", "world", "size") else "left")
-    colors = {"committed": "green", "abandoned": "yellow", "quarantined": "red", "incomplete": "red"}
+    colors = {
+        "committed": "green",
+        "abandoned": "yellow",
+        "in-progress": "cyan",
+        "replaced": "yellow",
+        "quarantined": "red",
+        "incomplete": "red",
+    }
     for r in rows:
         table.add_row(
             str(r["step"]),
@@ -90,7 +114,7 @@ def _ls(args: argparse.Namespace) -> int:
             str(r["world_size"] or "-"),
             _human(r["bytes"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])),
-            r["name"],
+            escape(r["name"]),
         )
     Console().print(table)
     return 0
@@ -134,21 +158,36 @@ def _gc(args: argparse.Namespace) -> int:
         raise UsageError(
             f"ckpt gc --keep must be >= 1 (the newest committed checkpoint is never deleted), got {args.keep}"
         )
-    entries = _entries(args.dir)
+    if not args.older_than >= 0:
+        raise UsageError(f"ckpt gc --older-than must be >= 0 seconds, got {args.older_than}")
+    entries = _entries(args.dir, args.older_than)
     doomed = plan_retention(entries, args.keep, args.keep_every)
     doomed += [e for e in entries if e.status in ("abandoned", "deleting")]
+    replaced_gone, restored = settle_replaced(args.dir, entries, dry_run=args.dry_run)
+    files = stale_write_files(args.dir, args.older_than)
     if not args.dry_run:
         for e in doomed:
             remove_dir(e.path)
+        for f in files:
+            f.unlink(missing_ok=True)
     out = {
-        "deleted" if not args.dry_run else "would_delete": [e.name for e in doomed],
+        "deleted" if not args.dry_run else "would_delete": sorted(
+            [e.name for e in doomed + replaced_gone] + [f.name for f in files]
+        ),
+        "restored" if not args.dry_run else "would_restore": [e.name for e in restored],
+        "skipped": [{"name": e.name, "reason": e.error} for e in entries if e.status == "in-progress"],
         "kept": [e.name for e in entries if e.status == "committed" and e not in doomed],
     }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        verb = "would " if args.dry_run else ""
         for name in out.get("deleted", out.get("would_delete", [])):
-            print(("would delete " if args.dry_run else "deleted ") + name)
+            print(f"{verb}delete {name}" if verb else f"deleted {name}")
+        for name in out.get("restored", out.get("would_restore", [])):
+            print(f"{verb}restore {name} (an interrupted re-save's previous copy)")
+        for skip in out["skipped"]:
+            print(f"skipped {skip['name']}: may be a live save ({skip['reason']}); see --older-than")
         print(f"kept {len(out['kept'])} committed checkpoint(s)")
     return 0
 

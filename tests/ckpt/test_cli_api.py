@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def ckdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("ck")
     w.save_steps(0, 1, str(d), [1, 2, 3])
-    (d / "step-000000004.tmp-jlocal-r0-abc").mkdir()  # an abandoned save
+    abandoned = d / "step-000000004.tmp-jlocal-r0-abc"
+    abandoned.mkdir()  # a save abandoned two hours ago (no owner file, untouched since)
+    os.utime(abandoned, (time.time() - 7200,) * 2)
     return d
 
 
@@ -70,7 +73,9 @@ def test_manifest_checksums_are_plain_crc32(ckdir):
 
 def test_gc_keeps_newest_k_and_removes_abandoned(tmp_path):
     w.save_steps(0, 1, str(tmp_path), [1, 2, 3])
-    (tmp_path / "step-000000004.tmp-jlocal-r0-abc").mkdir()
+    abandoned = tmp_path / "step-000000004.tmp-jlocal-r0-abc"
+    abandoned.mkdir()
+    os.utime(abandoned, (time.time() - 7200,) * 2)
     dry = json.loads(cli("gc", str(tmp_path), "--keep", "1", "--dry-run", "--json").stdout)
     assert dry["would_delete"] == ["step-000000001", "step-000000002", "step-000000004.tmp-jlocal-r0-abc"]
     assert len(os.listdir(tmp_path)) == 5
@@ -108,7 +113,7 @@ def test_cli_never_imports_torch(ckdir):
 
 
 def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
-    assert sorted(hpctrain.ckpt.__all__) == ["CheckpointConfig", "Checkpointer", "FAULT_POINTS", "RestoreResult"]
+    assert sorted(hpctrain.ckpt.__all__) == ["CheckpointConfig", "Checkpointer", "RestoreResult"]
     for name in hpctrain.ckpt.__all__:
         assert getattr(hpctrain.ckpt, name) is not None
     for kw, needle in [

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.ckpt import FAULT_POINTS, Checkpointer
-from hpctrain.ckpt._format import CheckpointFormatError, verify_dir
+from hpctrain.ckpt import Checkpointer
+from hpctrain.ckpt._commit import FAULT_POINTS
+from hpctrain.ckpt._reader import verify_dir
 from hpctrain.ckpt._scan import scan
-from hpctrain.errors import HpctrainError
+from hpctrain.errors import CheckpointFormatError, HpctrainError
 from tests.ckpt import workers as w
 from tests.multiproc import run_world
 
@@ -144,7 +145,7 @@ def test_malicious_pickle_shard_is_never_executed(tmp_path):
         e.update(entry)
         bad = tmp_path / "bad.shard"
         bad.write_bytes(encode_header({"entries": [e]}) + bytes(16))
-        from hpctrain.ckpt._format import read_header
+        from hpctrain.ckpt._reader import read_header
 
         with pytest.raises(CheckpointFormatError, match=msg):
             read_header(bad)
@@ -214,6 +215,8 @@ def test_retention_keeps_exactly_last_k_and_every_n_across_faults(tmp_path):
     res = run_world(w.save_steps, 1, d, [6], True, 6, "after_fsync:0", allow_failures=True, timeout=60)
     assert res.exitcodes == [-9]
     shutil.copytree(tmp_path / "step-000000005", tmp_path / "step-000000007")
+    m = json.loads((tmp_path / "step-000000007" / "MANIFEST.json").read_text())
+    (tmp_path / "step-000000007" / "MANIFEST.json").write_text(json.dumps({**m, "step": 7}))  # committed-looking
     _flip(tmp_path / "step-000000007" / "rank-00000-of-00001.shard")
     assert w.restore_hash(0, 1, d)["step"] == 5  # 7 quarantined
     ck = Checkpointer(w.cfg(d, keep_last=2, keep_every=4))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from hpctrain.ckpt._format import digest_dir, read_header
+from hpctrain.ckpt._reader import digest_dir, read_header
 from tests.ckpt import workers as w
 from tests.multiproc import run_world
 
@@ -135,17 +133,27 @@ def test_resaving_a_committed_step_replaces_it_without_writing_into_it(tmp_path)
     assert w.state_hash(m3, o3) == w.state_hash(m2, o2)
 
 
-def test_lustre_striping_runs_lfs_on_the_new_directory_when_configured(tmp_path, monkeypatch):
+def test_lustre_striping_creates_each_shard_through_the_lfs_seam_when_configured(tmp_path):
     from hpctrain.ckpt import Checkpointer
+    from tests.fake_lustre import FakeLustre
 
-    bindir, log = tmp_path / "bin", tmp_path / "lfs.log"
-    bindir.mkdir()
-    (bindir / "lfs").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
-    (bindir / "lfs").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    lfs = FakeLustre()
     model, opt, _ = w.build(1)
-    Checkpointer(w.cfg(str(tmp_path / "ck"))).save(1, model=model)  # off by default: lfs not called
-    assert not log.exists()
-    Checkpointer(w.cfg(str(tmp_path / "ck"), lustre_stripe=("-c", "-1", "-S", "16M"))).save(2, model=model)
-    args = log.read_text().split()
-    assert args[:5] == ["setstripe", "-c", "-1", "-S", "16M"] and ".tmp-" in args[5]
+    ck = Checkpointer(w.cfg(str(tmp_path / "ck")), lustre=lfs)
+    ck.save(1, model=model)  # off by default: lfs not called
+    ck.close()
+    assert lfs.calls == []
+    ck = Checkpointer(w.cfg(str(tmp_path / "ck"), lustre_stripe=("-c", "-1", "-S", "16M")), lustre=lfs)
+    ck.save(2, model=model)
+    ck.close()
+    [call] = lfs.calls
+    assert call[:5] == ["setstripe", "-c", "-1", "-S", "16M"] and ".tmp-" in call[5]
+    assert call[5].endswith("rank-00000-of-00001.shard")
+    model2, _, _ = w.build(9, 0)
+    assert Checkpointer(w.cfg(str(tmp_path / "ck"))).restore(model=model2).step == 2  # the striped shard is whole
+    assert w.state_hash(model2) == w.state_hash(model)
+    # lfs failing: the save goes on with the default layout
+    failing = FakeLustre(fail=True)
+    ck = Checkpointer(w.cfg(str(tmp_path / "ck"), lustre_stripe=("-c", "4")), lustre=failing)
+    assert ck.save(3, model=model) is not None and len(failing.calls) == 1
+    ck.close()

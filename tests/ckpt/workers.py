@@ -189,3 +189,17 @@ def save_mismatched(rank: int, world: int, d: str) -> str:
         return str(exc)
     finally:
         ck.close()
+
+
+def save_one(rank: int, world: int, d: str, step: int, seed: int, fault: str = "") -> str:
+    """Save ``step`` holding the state built with ``seed`` (a re-save when ``step`` exists), with a fault armed."""
+    ck = Checkpointer(cfg(d, keep_last=0))
+    model, opt, sched = build(seed=seed)
+    if fault:
+        os.environ["HPCTRAIN_CKPT_FAULT"] = fault
+    try:
+        ck.save(step, model=model, optimizer=opt, scheduler=sched, extra={"note": f"seed {seed}", "t": torch.arange(3)})
+        return "ok"
+    finally:
+        os.environ.pop("HPCTRAIN_CKPT_FAULT", None)
+        ck.close()

@@ -1,0 +1,496 @@
+"""The one reader of checkpoint files. Pure stdlib: restore, ``ckpt verify``, ``ckpt digest`` and ``ckpt ls`` use it.
+
+:func:`build_index` checks everything about a checkpoint that does not need its tensor bytes, once:
+the manifest (types, sizes, names), each shard's size and header, the piece index (which elements of
+which tensor lie where in which shard, and that they tile each tensor exactly), and the state trees
+(well formed for unflattening, every ``{"__tensor__": key}`` naming a stored tensor). Then
+
+* ``verify`` = index + crc32 of every shard (:func:`verify_dir`);
+* restore = index + reads (``Checkpointer._load``; 1/world of the crc32s per rank);
+* ``digest`` = index + a hash of the bytes in element order (:func:`digest_dir`).
+
+So whatever restore rejects as damaged, ``verify`` reports as invalid: they share every check.
+
+Files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be regular files (``fstat``): a FIFO or a
+device in place of a shard or manifest is an error, not a hang, and a symbolic link is refused (a
+checkpoint is a self-contained directory; nothing it names lies outside it). Sizes are bounded
+before anything is read into memory, and JSON nesting is bounded before anything recurses over it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import math
+import os
+import stat
+import typing as tp
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.ckpt._format import (
+    ALIGN,
+    DTYPE_SIZES,
+    FORMAT_VERSION,
+    HEADER_PREFIX,
+    MAGIC,
+    MANIFEST,
+    NUMPY_DTYPES,
+    CheckpointFormatError,
+    ShardHeader,
+    align,
+    crc32,
+    parse_name,
+    shard_name,
+)
+
+__all__ = [
+    "MAX_MANIFEST_BYTES",
+    "MAX_HEADER_BYTES",
+    "MAX_WORLD_SIZE",
+    "MAX_JSON_DEPTH",
+    "PieceRef",
+    "StoredTensor",
+    "Index",
+    "open_regular",
+    "read_manifest",
+    "read_header",
+    "build_index",
+    "verify_dir",
+    "digest_dir",
+]
+
+MAX_MANIFEST_BYTES = 64 << 20
+"""A manifest names one small record per rank (~100 bytes): 64 MiB is far beyond any real world size."""
+MAX_HEADER_BYTES = 1 << 30
+"""A shard header is JSON metadata; a length beyond this is damage, never a real header."""
+MAX_WORLD_SIZE = 99_999
+"""Shard file names carry five digits of rank and world size."""
+MAX_JSON_DEPTH = 100
+"""State dicts nest a handful of levels; deeper JSON is refused before anything recurses over it."""
+MAX_DIMS = 64
+_MAX_ELEMENTS = 1 << 62  # keeps shapes and strides inside int64 (torch's index type)
+_READ_CHUNK = 16 << 20
+
+PathLike = tp.Union[str, os.PathLike]
+
+
+def _where(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def open_regular(path: PathLike) -> tp.BinaryIO:
+    """Open a checkpoint file for reading: a regular file, not a symlink, never blocking on a FIFO or device."""
+    path = Path(path)
+    where = _where(path)
+    try:
+        st = os.lstat(path)  # refuse specials before opening them: opening a device can have side effects
+    except FileNotFoundError:
+        raise CheckpointFormatError(f"{where}: missing") from None
+    except OSError as exc:
+        raise CheckpointFormatError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise CheckpointFormatError(
+            f"{where}: is a symbolic link; a checkpoint's files must be regular files inside its directory"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointFormatError(f"{where}: not a regular file (a FIFO, device or directory); remove it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointFormatError(f"{where}: is a symbolic link") from None
+        raise CheckpointFormatError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between lstat and open
+        os.close(fd)
+        raise CheckpointFormatError(f"{where}: not a regular file")
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def _read_exactly(f: tp.BinaryIO, n: int, where: str) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = f.read(min(n - got, _READ_CHUNK))
+        if not chunk:
+            raise CheckpointFormatError(f"{where}: truncated while reading")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _loads(raw: bytes, where: str, what: str) -> tp.Any:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise CheckpointFormatError(f"{where}: corrupt {what} ({str(exc)[:100]})") from None
+    except RecursionError:
+        raise CheckpointFormatError(f"{where}: {what} nested too deeply") from None
+    _check_depth(obj, where, what)
+    return obj
+
+
+def _check_depth(obj: tp.Any, where: str, what: str) -> None:
+    """Iteratively: nothing recursive (unflatten, json.dumps) ever meets JSON deeper than MAX_JSON_DEPTH."""
+    stack = [(obj, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise CheckpointFormatError(f"{where}: {what} nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _is_int(v: tp.Any, lo: int = 0, hi: tp.Optional[int] = None) -> bool:
+    """A JSON integer in [lo, hi] (``True`` is not an int here)."""
+    return type(v) is int and v >= lo and (hi is None or v <= hi)
+
+
+# ---------------------------------------------------------------------------------------------- manifest
+def read_manifest(ckpt_dir: PathLike) -> tp.Dict[str, tp.Any]:
+    """Load and validate ``MANIFEST.json``; raise :class:`CheckpointFormatError` naming what is wrong."""
+    ckpt_dir = Path(ckpt_dir)
+    where = f"{ckpt_dir.name}/{MANIFEST}"
+    if not (ckpt_dir / MANIFEST).exists() and not (ckpt_dir / MANIFEST).is_symlink():
+        raise CheckpointFormatError(f"{ckpt_dir.name}: no {MANIFEST} (never committed)")
+    with open_regular(ckpt_dir / MANIFEST) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise CheckpointFormatError(f"{where}: {size} bytes, over the {MAX_MANIFEST_BYTES >> 20} MiB bound")
+        m = _loads(_read_exactly(f, size, where), where, "manifest")
+    bad = _manifest_problem(m, ckpt_dir.name)
+    if bad:
+        raise CheckpointFormatError(f"{where}: malformed manifest ({bad})")
+    return m
+
+
+def _manifest_problem(m: tp.Any, dir_name: str) -> str:
+    if not isinstance(m, dict) or m.get("format") != "hpctrain-ckpt":
+        return "not an hpctrain manifest"
+    version = m.get("format_version", 0)
+    if not _is_int(version):
+        return "format_version is not a non-negative integer"
+    if version > FORMAT_VERSION:
+        return f"format version {version} is newer than this hpctrain ({FORMAT_VERSION}); upgrade hpctrain"
+    if not _is_int(m.get("step")):
+        return "step is not a non-negative integer"
+    parsed = parse_name(dir_name)
+    if parsed is not None and parsed[0] != m["step"]:
+        return f"step {m['step']} does not match the directory name"
+    world = m.get("world_size")
+    if not _is_int(world, 1, MAX_WORLD_SIZE):
+        return f"world_size is not an integer in 1..{MAX_WORLD_SIZE}"
+    shards = m.get("shards")
+    if not isinstance(shards, list) or len(shards) != world:
+        return "shards is not a list of world_size records"
+    for i, s in enumerate(shards):
+        if not (
+            isinstance(s, dict)
+            and s.get("file") == shard_name(i, world)
+            and _is_int(s.get("bytes"))
+            and _is_int(s.get("crc32"), 0, 0xFFFFFFFF)
+            and s.get("rank", i) == i
+        ):
+            return f"shard record {i} is not {{file: {shard_name(i, world)}, bytes, crc32}}: {str(s)[:80]}"
+    t = m.get("time", 0.0)
+    if type(t) not in (int, float) or not math.isfinite(t):
+        return "time is not a number"
+    for key in ("run_id", "host", "slurm_job_id", "job_id", "torch"):
+        if not isinstance(m.get(key, ""), str):
+            return f"{key} is not a string"
+    if not isinstance(m.get("entries", []), list):
+        return "entries is not a list"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------- headers
+def _read_header_from(f: tp.BinaryIO, size: int, where: str) -> ShardHeader:
+    prefix = f.read(HEADER_PREFIX.size)
+    if len(prefix) < HEADER_PREFIX.size:
+        raise CheckpointFormatError(f"{where}: truncated ({size} bytes, no header)")
+    magic, hlen = HEADER_PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise CheckpointFormatError(f"{where}: not an hpctrain shard (bad magic {magic[:8]!r})")
+    if hlen > min(MAX_HEADER_BYTES, size - HEADER_PREFIX.size):
+        raise CheckpointFormatError(f"{where}: header length {hlen} exceeds file size {size}")
+    header = _loads(_read_exactly(f, hlen, where), where, "header")
+    data_start = align(HEADER_PREFIX.size + hlen)
+    if not isinstance(header, dict) or not isinstance(header.get("entries"), list):
+        raise CheckpointFormatError(f"{where}: header has no entry list")
+    for e in header["entries"]:
+        bad = _entry_problem(e, data_start, size)
+        if bad:
+            raise CheckpointFormatError(f"{where}: {bad}")
+    return ShardHeader(header, data_start)
+
+
+def _entry_problem(e: tp.Any, data_start: int, size: int) -> str:
+    if not isinstance(e, dict) or not isinstance(e.get("key"), str):
+        return f"malformed entry {str(e)[:80]}"
+    key, dtype, shape = e["key"], e.get("dtype"), e.get("shape")
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        return f"entry {key!r} has unsupported dtype {str(dtype)[:40]!r}"
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(d) for d in shape):
+        return f"entry {key!r} has a malformed shape {str(shape)[:80]}"
+    if math.prod(max(d, 1) for d in shape) >= _MAX_ELEMENTS:
+        return f"entry {key!r} has an absurd shape {str(shape)[:80]}"
+    numel = math.prod(shape)
+    start, stop, offset, nbytes = (e.get(k) for k in ("start", "stop", "offset", "nbytes"))
+    if not (_is_int(start) and _is_int(stop) and _is_int(offset) and _is_int(nbytes)):
+        return f"malformed entry {str(e)[:80]}"
+    if not start <= stop <= numel or nbytes != (stop - start) * DTYPE_SIZES[dtype]:
+        return f"entry {key!r} has inconsistent element range {start}:{stop} of {numel} / {nbytes} bytes"
+    if offset % ALIGN or data_start + offset + nbytes > size:
+        return f"entry {key!r} lies past the end of the file (truncated?)"
+    return ""
+
+
+def read_header(path: PathLike) -> ShardHeader:
+    """Parse and bounds-check one shard's header (entries only; :func:`build_index` checks the rest)."""
+    path = Path(path)
+    with open_regular(path) as f:
+        return _read_header_from(f, os.fstat(f.fileno()).st_size, _where(path))
+
+
+# ---------------------------------------------------------------------------------------------- the index
+class PieceRef(tp.NamedTuple):
+    start: int
+    """First element of the flattened tensor in this piece."""
+    stop: int
+    shard: int
+    """Index of the shard file holding it."""
+    pos: int
+    """Absolute byte position in that file."""
+    nbytes: int
+
+
+class StoredTensor(tp.NamedTuple):
+    dtype: str
+    shape: tp.Tuple[int, ...]
+    pieces: tp.List[PieceRef]
+    """Sorted by ``start``; they tile ``[0, numel)`` exactly."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class Index:
+    """A checkpoint's structure, fully checked; the tensor bytes and crc32s are not read."""
+
+    path: Path
+    manifest: tp.Dict[str, tp.Any]
+    data_starts: tp.List[int]
+    tensors: tp.Dict[str, StoredTensor]
+    """Replicated tensors (split over shards)."""
+    local: tp.List[tp.Dict[str, StoredTensor]]
+    """Per shard: that rank's rank-local tensors (``local/...``), stored whole in its own shard."""
+    trees: tp.Dict[str, tp.Any]
+    local_trees: tp.List[tp.Optional[tp.Dict[str, tp.Any]]]
+
+    @property
+    def shards(self) -> tp.List[tp.Dict[str, tp.Any]]:
+        return tp.cast(tp.List[tp.Dict[str, tp.Any]], self.manifest["shards"])
+
+    def open_shard(self, i: int) -> tp.BinaryIO:
+        return open_regular(self.path / self.shards[i]["file"])
+
+
+def build_index(ckpt_dir: PathLike) -> Index:
+    """Check a checkpoint's manifest, shard sizes, headers, piece tiling and trees; raise
+    :class:`CheckpointFormatError` naming the first problem."""
+    ckpt_dir = Path(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)
+    shards, world, step = manifest["shards"], manifest["world_size"], manifest["step"]
+    for s in shards:  # sizes first: cheap, catches truncation and missing files before any parse
+        p = ckpt_dir / s["file"]
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            raise CheckpointFormatError(f"{_where(p)}: missing shard") from None
+        if stat.S_ISREG(st.st_mode) and st.st_size != s["bytes"]:
+            raise CheckpointFormatError(f"{_where(p)}: size {st.st_size} != {s['bytes']} in the manifest (truncated?)")
+    headers: tp.List[tp.Dict[str, tp.Any]] = []
+    data_starts: tp.List[int] = []
+    for i, s in enumerate(shards):
+        p = ckpt_dir / s["file"]
+        with open_regular(p) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != s["bytes"]:
+                raise CheckpointFormatError(f"{_where(p)}: size {size} != {s['bytes']} in the manifest (truncated?)")
+            h = _read_header_from(f, size, _where(p))
+        hdr = h.header
+        for field, want in (("rank", i), ("world_size", world), ("step", step)):
+            if field in hdr and hdr[field] != want:
+                raise CheckpointFormatError(f"{_where(p)}: header says {field} {str(hdr[field])[:20]}, expected {want}")
+        headers.append(hdr)
+        data_starts.append(h.data_start)
+    tensors: tp.Dict[str, StoredTensor] = {}
+    local: tp.List[tp.Dict[str, StoredTensor]] = []
+    for i, hdr in enumerate(headers):
+        mine: tp.Dict[str, StoredTensor] = {}
+        for e in hdr["entries"]:
+            ref = PieceRef(e["start"], e["stop"], i, data_starts[i] + e["offset"], e["nbytes"])
+            table = mine if e["key"].startswith("local/") else tensors
+            st_ = table.get(e["key"])
+            if st_ is None:
+                table[e["key"]] = StoredTensor(e["dtype"], tuple(e["shape"]), [ref])
+            elif st_.dtype != e["dtype"] or st_.shape != tuple(e["shape"]):
+                raise CheckpointFormatError(f"{ckpt_dir.name}: the stored pieces of tensor {e['key']!r} disagree")
+            else:
+                st_.pieces.append(ref)
+        local.append(mine)
+    for table in (tensors, *local):
+        for key, t in table.items():
+            _check_tiling(ckpt_dir.name, key, t)
+    trees = headers[0].get("trees")
+    if not isinstance(trees, dict):
+        raise CheckpointFormatError(f"{ckpt_dir.name}: shard 0 holds no state tree")
+    for name, tree in trees.items():
+        _check_tree(f"{ckpt_dir.name}: state tree {name!r}", tree, tensors)
+    local_trees: tp.List[tp.Optional[tp.Dict[str, tp.Any]]] = []
+    for i, hdr in enumerate(headers):
+        lt = hdr.get("local")
+        if lt is not None and not isinstance(lt, dict):
+            raise CheckpointFormatError(f"{ckpt_dir.name}: rank {i}'s local state is not a JSON object")
+        if lt is not None:
+            _check_tree(f"{ckpt_dir.name}: rank {i}'s local state", lt, local[i])
+        local_trees.append(lt)
+    return Index(ckpt_dir, manifest, data_starts, tensors, local, trees, local_trees)
+
+
+def _check_tiling(where: str, key: str, t: StoredTensor) -> None:
+    """The pieces of one tensor must tile it exactly: no gap, no overlap, nothing missing."""
+    t.pieces.sort(key=lambda p: p.start)
+    pos = 0
+    for p in t.pieces:
+        if p.start != pos:
+            raise CheckpointFormatError(f"{where}: the stored pieces of tensor {key!r} do not fit together")
+        pos = p.stop
+    if pos != t.numel:
+        raise CheckpointFormatError(f"{where}: tensor {key!r} is incomplete ({pos} of {t.numel} elements stored)")
+
+
+# What a node of a tree may be: a value, a dict key (a list becomes a tuple there), or an element of a key
+_VALUE, _KEY, _IN_KEY = 0, 1, 2
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_tree(where: str, tree: tp.Any, tensors: tp.Mapping[str, StoredTensor]) -> None:
+    """``unflatten`` will succeed on ``tree``: every tensor reference resolves, every ``__dict__`` pair is
+    ``[key, value]`` with a hashable key, every ``__tuple__`` holds a list. Mirrors ``_state.unflatten``."""
+    stack = [(tree, _VALUE)]
+    while stack:
+        node, role = stack.pop()
+        if isinstance(node, _SCALARS):
+            continue
+        if isinstance(node, list):
+            if role == _IN_KEY:
+                raise CheckpointFormatError(f"{where}: a dict key holds a list inside a list (not hashable)")
+            stack.extend((v, _IN_KEY if role == _KEY else _VALUE) for v in node)
+        elif "__tensor__" in node:
+            key = node["__tensor__"]
+            if role != _VALUE or set(node) - {"__tensor__", "as"}:
+                raise CheckpointFormatError(f"{where}: malformed tensor reference {str(node)[:80]}")
+            if not isinstance(key, str) or key not in tensors:
+                raise CheckpointFormatError(f"{where}: refers to tensor {str(key)[:80]!r}, which is not stored")
+            if node.get("as", "numpy") != "numpy" or ("as" in node and tensors[key].dtype not in NUMPY_DTYPES):
+                raise CheckpointFormatError(f"{where}: tensor {key!r} cannot be returned as {node['as']!r}")
+        elif "__tuple__" in node:
+            if not isinstance(node["__tuple__"], list):
+                raise CheckpointFormatError(f"{where}: a __tuple__ that is not a list")
+            stack.extend((v, _IN_KEY if role != _VALUE else _VALUE) for v in node["__tuple__"])
+        elif "__dict__" in node:
+            pairs = node["__dict__"]
+            if role != _VALUE or not isinstance(pairs, list):
+                raise CheckpointFormatError(f"{where}: malformed __dict__ {str(node)[:80]}")
+            for pair in pairs:
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    raise CheckpointFormatError(f"{where}: a __dict__ item is not a [key, value] pair")
+                stack += [(pair[0], _KEY), (pair[1], _VALUE)]
+        elif role != _VALUE:
+            raise CheckpointFormatError(f"{where}: a dict key holds a dict (not hashable)")
+        else:
+            stack.extend((v, _VALUE) for v in node.values())
+
+
+# ---------------------------------------------------------------------------------------------- tools
+def verify_dir(
+    ckpt_dir: PathLike, *, checksums: bool = True, only: tp.Optional[tp.Sequence[int]] = None
+) -> tp.Dict[str, tp.Any]:
+    """Everything restore checks: the index (structure) and the crc32 of every shard (or of shards ``only``).
+
+    Return the manifest or raise :class:`CheckpointFormatError` naming the first bad file."""
+    index = build_index(ckpt_dir)
+    if checksums:
+        for i, s in enumerate(index.shards):
+            if only is not None and i not in only:
+                continue
+            crc = 0
+            with index.open_shard(i) as f:
+                while True:
+                    chunk = f.read(_READ_CHUNK)
+                    if not chunk:
+                        break
+                    crc = crc32(chunk, crc)
+            if crc != s["crc32"]:
+                raise CheckpointFormatError(f"{index.path.name}/{s['file']}: checksum mismatch (corrupted shard)")
+    return index.manifest
+
+
+def _tensor_keys(tree: tp.Any) -> tp.List[str]:
+    """Tensor keys in the order ``unflatten`` meets them (the tree is checked: depth is bounded)."""
+    out: tp.List[str] = []
+
+    def walk(node: tp.Any) -> None:
+        if isinstance(node, dict):
+            if "__tensor__" in node:
+                out.append(node["__tensor__"])
+                return
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(tree)
+    return out
+
+
+def digest_dir(ckpt_dir: PathLike) -> tp.Dict[str, str]:
+    """sha256 per top-level state entry, independent of the world size that wrote the checkpoint.
+
+    Each digest covers the entry's JSON structure and, for every tensor it references (in order),
+    dtype, shape and the element bytes in order, however they were split over shards. Rank-local
+    state (RNG) is excluded; ``data_state`` is hashed from the manifest.
+    """
+    index = build_index(ckpt_dir)
+    files: tp.Dict[int, tp.BinaryIO] = {}
+    out: tp.Dict[str, str] = {}
+    try:
+        for name in sorted(index.trees):
+            h = hashlib.sha256(json.dumps(index.trees[name], sort_keys=True).encode())
+            for key in _tensor_keys(index.trees[name]):
+                t = index.tensors[key]
+                h.update(json.dumps([t.dtype, list(t.shape)]).encode())
+                for p in t.pieces:
+                    f = files.get(p.shard) or files.setdefault(p.shard, index.open_shard(p.shard))
+                    f.seek(p.pos)
+                    remaining = p.nbytes
+                    while remaining:
+                        chunk = f.read(min(remaining, _READ_CHUNK))
+                        if not chunk:
+                            raise CheckpointFormatError(f"{index.path.name}: shard {p.shard} truncated")
+                        h.update(chunk)
+                        remaining -= len(chunk)
+            out[name] = h.hexdigest()
+    finally:
+        for f in files.values():
+            f.close()
+    out["data_state"] = hashlib.sha256(
+        json.dumps(index.manifest.get("data_state"), sort_keys=True).encode()
+    ).hexdigest()
+    return out
