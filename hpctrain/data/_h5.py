@@ -33,6 +33,15 @@ except ImportError:  # pragma: no cover - depends on the environment
 
     INFLATER = "zlib"
 
+# what h5py raises on damaged metadata (byte flips, truncation): turned into one UsageError naming the file
+DAMAGE_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, SystemError, IndexError, OverflowError)
+
+
+def damaged(path: str, exc: BaseException) -> UsageError:
+    why = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return UsageError(f"{path}: HDF5 metadata cannot be read (damaged file?): {why}; regenerate or re-copy the file")
+
+
 __all__ = ["open_h5", "KeyInfo", "FileInfo", "Layout", "scan", "Reader"]
 
 
@@ -168,7 +177,12 @@ def scan(files: tp.Sequence[str], keys: tp.Sequence[str], block_bytes: int = 4 <
     for path in files:
         linked: tp.Dict[str, Identity] = {}
         with open_h5(path) as f:
-            kinfo = {k: key_info(path, f, k, linked) for k in keys}
+            try:
+                kinfo = {k: key_info(path, f, k, linked) for k in keys}
+            except UsageError:
+                raise
+            except DAMAGE_ERRORS as exc:
+                raise damaged(path, exc) from None
             ident = open_identity(f)
         lengths = {k: ki.length for k, ki in kinfo.items()}
         if len(set(lengths.values())) > 1:
@@ -310,7 +324,7 @@ class Reader:
         elif b > a:
             try:
                 self._file(fidx)[key].read_direct(dest, np.s_[a:b], np.s_[0 : b - a])
-            except OSError as exc:
+            except DAMAGE_ERRORS as exc:
                 why = " ".join(str(exc).split())[:200]
                 raise UsageError(
                     f"{fi.path}: key {key!r}: read of samples {a}..{b} failed (corrupt or truncated file?): {why}"
@@ -330,7 +344,13 @@ class Reader:
             mask, raw = ds.id.read_direct_chunk((cs,) + (0,) * len(ki.sample_shape))
         except (OSError, KeyError, ValueError, RuntimeError):  # "chunk storage is not allocated"
             out = np.empty(shape, dtype=ki.dtype)
-            ds.read_direct(out, np.s_[cs : cs + rows], np.s_[0:rows])
+            try:
+                ds.read_direct(out, np.s_[cs : cs + rows], np.s_[0:rows])
+            except DAMAGE_ERRORS as exc:
+                why = " ".join(str(exc).split())[:200]
+                raise UsageError(
+                    f"{fi.path}: key {key!r}: the chunk at sample {cs} cannot be read (corrupt file?): {why}"
+                ) from None
             self.bytes_read += rows * ki.sample_bytes
             return out
         try:

@@ -11,7 +11,7 @@ import numpy as np
 
 from hpctrain._cli import add_json_flag, add_subcommands, command_parser
 from hpctrain._lustre import LustreCommands
-from hpctrain.data._h5 import TORCH_DTYPES, open_h5
+from hpctrain.data._h5 import DAMAGE_ERRORS, TORCH_DTYPES, damaged, open_h5
 from hpctrain.data._resolve import dataset_files, open_dataset
 from hpctrain.errors import HpctrainError, UsageError
 
@@ -29,24 +29,33 @@ def _datasets(f: tp.Any, warnings: tp.List[str]) -> tp.List[tp.Tuple[str, tp.Any
     found: tp.List[tp.Tuple[str, tp.Any, tp.Optional[str]]] = []
 
     def visit(name: str, link: tp.Any) -> None:
-        if isinstance(link, h5py.HardLink):
-            obj = f.get(name)
-            if isinstance(obj, h5py.Dataset):
-                found.append((name, obj, None))
-            return
-        kind = "external link" if isinstance(link, h5py.ExternalLink) else "soft link"
-        target = f"{link.filename}:{link.path}" if isinstance(link, h5py.ExternalLink) else link.path
+        # never raise here: an exception inside libhdf5's iteration comes back as a SystemError
         try:
-            obj = f[name]
-        except (KeyError, OSError, ValueError, RuntimeError):
-            warnings.append(f"{name}: dangling {kind} to {target}; the loader refuses this key")
-            return
-        if isinstance(obj, h5py.Dataset):
-            found.append((name, obj, f"{kind} to {target}"))
+            if isinstance(link, h5py.HardLink):
+                obj = f.get(name)
+                if isinstance(obj, h5py.Dataset):
+                    found.append((name, obj, None))
+                return
+            if isinstance(link, h5py.ExternalLink):
+                kind, target = "external link", f"{link.filename}:{link.path}"
+            elif isinstance(link, h5py.SoftLink):
+                kind, target = "soft link", str(link.path)
+            else:
+                warnings.append(f"{name}: a link of a type h5py cannot read; the loader refuses this key")
+                return
+            try:
+                obj = f[name]
+            except DAMAGE_ERRORS:
+                warnings.append(f"{name}: dangling {kind} to {target}; the loader refuses this key")
+                return
+            if isinstance(obj, h5py.Dataset):
+                found.append((name, obj, f"{kind} to {target}"))
+        except DAMAGE_ERRORS as exc:
+            warnings.append(f"{name}: cannot be read ({' '.join(str(exc).split())[:160]})")
 
     try:
         f.visititems_links(visit)
-    except (KeyError, OSError, ValueError, RuntimeError) as exc:
+    except DAMAGE_ERRORS as exc:
         warnings.append(f"the file's structure could not be read completely: {' '.join(str(exc).split())[:160]}")
     return found
 
@@ -97,14 +106,14 @@ def inspect_file(
     rows: tp.List[tp.Dict[str, tp.Any]] = []
     warnings: tp.List[str] = []
     with open_h5(path) as f:
-        if keys:
-            chosen = [(k, open_dataset(path, f, k), None) for k in keys]
-        else:
-            chosen = _datasets(f, warnings)
+        try:
+            chosen = [(k, open_dataset(path, f, k), None) for k in keys] if keys else _datasets(f, warnings)
+        except DAMAGE_ERRORS as exc:
+            raise damaged(path, exc) from None
         for name, ds, link in chosen:
             try:
                 rows.append(_describe(path, name, ds, link, warnings))
-            except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:  # damaged metadata
+            except DAMAGE_ERRORS as exc:  # damaged metadata
                 warnings.append(f"{name}: metadata cannot be read ({' '.join(str(exc).split())[:160]})")
         lengths = {r["key"]: r["shape"][0] for r in rows if r["shape"]}
         if len(set(lengths.values())) > 1:
