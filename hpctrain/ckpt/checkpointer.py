@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import ctypes
 import json
 import logging
@@ -456,13 +458,25 @@ class Checkpointer:
             extra = unflatten(
                 trees["extra"], {k: v.to(map_location) for k, v in tensors.items() if k.startswith("extra")}
             )
-        # torch optimizers/schedulers check a state dict before changing anything; the model goes last
-        for name, obj in sorted(targets, key=lambda t: t[0] == "model"):
+        # All or nothing: the scheduler and scaler (small; their load_state_dict may change them before it
+        # fails) first, with a copy of their state to put back; then the optimizer (torch checks its state
+        # dict before changing anything); the model last (checked above).
+        order = {"scheduler": 0, "scaler": 1, "optimizer": 2, "model": 3}
+        undo: tp.List[tp.Tuple[tp.Any, tp.Any, tp.Any]] = []
+        for name, obj in sorted(targets, key=lambda t: order[t[0]]):
             try:
+                if name in ("scheduler", "scaler"):  # attributes (a load may add some) and state (some change in place)
+                    undo.append((obj, copy.copy(getattr(obj, "__dict__", None)), copy.deepcopy(obj.state_dict())))
                 obj.load_state_dict(states[name], strict=strict) if name == "model" else obj.load_state_dict(
                     states[name]
                 )
             except Exception as exc:  # noqa: BLE001 - whatever a load_state_dict raises, one clear error
+                for done, attrs, before in undo:
+                    with contextlib.suppress(Exception):
+                        if attrs is not None:
+                            done.__dict__.clear()
+                            done.__dict__.update(attrs)
+                        done.load_state_dict(before)
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise HpctrainError(
                     f"checkpoint step {s} does not fit the {name} passed to restore(): {first}"
