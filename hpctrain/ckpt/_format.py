@@ -8,6 +8,7 @@ A committed checkpoint is one directory per step::
         ...
     DIR/step-000001300.tmp-j123-r0-9f2c...   a save in progress or abandoned (never loaded)
     DIR/step-000001100.quarantined-20261130T120000   failed verification on restore (kept for forensics)
+    DIR/step-000001200.replaced-1a2b3c4d     a re-save's previous copy, until the new step-N is committed
     DIR/LATEST                       "step-000001200\\n", replaced atomically (a hint only: restore scans)
 
 A shard file is ``MAGIC (8 bytes) | header length (8 bytes, little endian) | header JSON | padding |
