@@ -88,7 +88,14 @@ class SlurmCommands:
 
     def job_state(self, job_id: str) -> JobState:
         """Where the job is: squeue while queued or running, else sacct's final state."""
-        out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N|%M|%r"]).strip()
+        try:
+            out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N|%M|%r"]).strip()
+        except SlurmCommandError as exc:
+            # squeue exits 1 with "Invalid job id specified" once a job has left slurmctld's memory
+            # (MinJobAge): not an error, the job is finished and sacct knows how it ended.
+            if "Invalid job id" not in str(exc):
+                raise
+            out = ""
         if out:
             state, nodes, elapsed, reason = (out.splitlines()[0].split("|") + ["", "", ""])[:4]
             return JobState(state, nodes, elapsed, "squeue", "" if reason == "None" else reason)

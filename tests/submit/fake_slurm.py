@@ -20,6 +20,7 @@ class FakeSlurm(SlurmCommands):
         self.final: tp.Dict[str, str] = {}  # job id -> sacct state once out of the queue
         self.calls: tp.List[tp.List[str]] = []
         self.accounting = True
+        self.forgotten: tp.Set[str] = set()  # jobs slurmctld no longer remembers: squeue errors, sacct knows
 
     def run(self, argv: tp.Sequence[str], timeout: float = 30.0) -> str:
         argv = list(argv)
@@ -29,6 +30,8 @@ class FakeSlurm(SlurmCommands):
             return "\n".join(self.partition_lines) + "\n"
         if program == "squeue":
             job = argv[argv.index("-j") + 1]
+            if job in self.forgotten:
+                raise SlurmCommandError(f"squeue -j {job} failed: slurm_load_jobs error: Invalid job id specified")
             states = self.queue.get(job, [])
             if not states:
                 return ""

@@ -19,6 +19,14 @@ def test_job_state_moves_from_squeue_to_sacct():
     ]
 
 
+def test_a_job_squeue_no_longer_knows_is_read_from_sacct():
+    fake = FakeSlurm()
+    fake.forgotten.add("11")  # squeue: "Invalid job id specified" after MinJobAge
+    fake.final["11"] = "TIMEOUT"
+    state = fake.job_state("11")
+    assert (state.state, state.source, state.terminal) == ("TIMEOUT", "sacct", True)
+
+
 def test_job_state_without_accounting_is_unknown_not_an_error():
     fake = FakeSlurm()
     fake.accounting = False
