@@ -35,6 +35,34 @@ class RunContext(DistEnv):
     """This node's host name."""
     args: tp.Tuple[str, ...] = field(default=())
     """The entry's own arguments (what followed ``--`` on the submit command line)."""
+    signal_lead_s: float = 0.0
+    """Seconds between Slurm's warning signal and the end of the job (``--signal-lead``; 0 when unknown)."""
+    stop: tp.Any = field(default=None, repr=False, compare=False)
+    """The Runner's :class:`~hpctrain.runtime.preemption.StopAgreement` (None outside a Runner)."""
+
+    def should_stop(self, step: tp.Optional[int] = None) -> bool:
+        """True on every rank at the same call once any rank received a stop signal (USR2 at the time-limit
+        warning or at preemption, SIGTERM): save at this step and return from the entry.
+
+        **Collective**: every rank must call it at the same points (one small gloo all-reduce per call). The
+        Trainer calls it after every step and in its evaluation loop; a hand-written loop calls it once per
+        step. False when the context has no stop agreement (not started by a Runner)."""
+        if self.stop is None:
+            return False
+        return bool(self.stop.should_stop(-1 if step is None else step))
+
+    should_stop.collective = True  # type: ignore[attr-defined]  # the Trainer polls it every step
+
+    def stop_time_left(self) -> tp.Optional[float]:
+        """Seconds until Slurm kills the job, estimated from the first stop signal this rank recorded
+        (signal time + ``signal_lead_s``; Slurm may send it up to 60 s early, so the real margin is larger);
+        None when no signal was received or the lead is unknown."""
+        first = self.stop.signals.first if self.stop is not None else None
+        if first is None or not self.signal_lead_s:
+            return None
+        import time
+
+        return first[1] + self.signal_lead_s - time.time()
 
     @property
     def is_main(self) -> bool:

@@ -3,6 +3,13 @@
 :class:`Runner` is the callable that submitit pickles on the login node and calls on each task, so
 this module must stay importable without torch (torch is imported inside ``__call__``). The plain
 sbatch templates reach the same code through ``python -m hpctrain.launch``.
+
+Stops and requeues (docs/preemption.md): the Runner installs :class:`~hpctrain.runtime.preemption.StopSignals`
+on every task before anything slow (replacing submitit's USR2/TERM/CONT handlers, so submitit neither
+requeues by itself nor counts a time-out), gives the entry ``ctx.should_stop()`` (all ranks agree on
+the step), and when the entry returns or raises, :func:`hpctrain.launch.ending.finish_attempt` classifies
+the end and rank 0 requeues the job with ``scontrol requeue`` when the policy says so. Deliberately no
+``checkpoint`` method: submitit's requeue path must never run besides hpctrain's.
 """
 
 from __future__ import annotations
@@ -74,6 +81,9 @@ class Runner:
         entry_args: tp.Sequence[str] = (),
         gpus_per_node: int = 0,
         dist_timeout_s: float = 600.0,
+        max_requeues: int = 3,
+        signal_lead_s: float = 0.0,
+        time_limit_s: tp.Optional[float] = None,
     ) -> None:
         split_entry(entry)
         self.entry = entry
@@ -81,24 +91,38 @@ class Runner:
         self.entry_args = tuple(entry_args)
         self.gpus_per_node = int(gpus_per_node)
         self.dist_timeout_s = float(dist_timeout_s)
+        self.max_requeues = int(max_requeues)
+        self.signal_lead_s = float(signal_lead_s)
+        self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
 
     def __repr__(self) -> str:
         return f"Runner(entry={self.entry!r}, run_dir={self.run_dir!r})"
 
     def __call__(self) -> tp.Any:
         started = time.time()  # before torch is imported: the records show what start-up costs
+        from hpctrain.runtime.preemption import StopSignals
+
+        # First, before the slow imports and the rendezvous: a signal during start-up is recorded, not lost
+        # or fatal, and submitit's own handlers (USR2 -> requeue by rank 0 alone) are replaced on every task.
+        signals = StopSignals().install()
         # Before torch loads: c10d warns about every peer whose reverse DNS fails (common on clusters).
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         from hpctrain.launch.context import RunContext
+        from hpctrain.launch.ending import finish_attempt
         from hpctrain.runtime import env as dist_env
         from hpctrain.runtime import process_group
+        from hpctrain.runtime.preemption import StopAgreement
 
         env = dist_env.from_environ()
         device = process_group.select_device(env, self.gpus_per_node)
         backend = process_group.init_process_group(env, device, timeout_s=self.dist_timeout_s)
         joined = time.time()
+        agreement: tp.Optional[StopAgreement] = None
+        result: tp.Any = None
+        error: tp.Optional[BaseException] = None
         try:
             process_group.check_distinct_gpus(env, device)
+            agreement = StopAgreement(signals, timeout_s=self.dist_timeout_s)
             ctx = RunContext(
                 **{f.name: getattr(env, f.name) for f in dataclasses.fields(env)},
                 run_dir=Path(self.run_dir),
@@ -106,6 +130,8 @@ class Runner:
                 backend=backend,
                 hostname=socket.gethostname(),
                 args=self.entry_args,
+                signal_lead_s=self.signal_lead_s,
+                stop=agreement,
             )
             self._record_rank(ctx, started, joined)
             print(
@@ -116,11 +142,45 @@ class Runner:
             )
             fn = load_entry(self.entry)
             result = fn(ctx)
-        except BaseException:
-            process_group.destroy_process_group(synchronize=False)
-            raise
-        process_group.destroy_process_group()
-        return result
+        except BaseException as exc:  # classified below; re-raised unless the job was requeued
+            error = exc
+        decision = agreement.decision if agreement is not None else None
+        stop = None
+        if decision is not None:
+            stop = (decision.signum, signals.first[1] if signals.first else time.time())
+            print(f"hpctrain: rank {env.rank} stopped at agreed step {decision.step}", flush=True)
+        try:
+            end = finish_attempt(
+                run_dir=Path(self.run_dir),
+                rank=env.rank,
+                world_size=env.world_size,
+                job_id=env.job_id,
+                restart_count=env.restart_count,
+                launcher=env.launcher,
+                stop=stop,
+                agreed_step=decision.step if decision is not None else None,
+                error=error,
+                started=started,
+                time_limit_s=self.time_limit_s,
+                lead_s=self.signal_lead_s,
+                max_requeues=self.max_requeues,
+            )
+        except Exception as exc:  # deciding must never hide the entry's own error
+            print(f"hpctrain: could not decide how the attempt ended: {type(exc).__name__}: {exc}", flush=True)
+            end = None
+        process_group.destroy_process_group(synchronize=error is None)
+        if error is not None:
+            if end is not None and end.requeued:
+                raise SystemExit(0)  # the job runs again; the traceback is in this attempt's log
+            raise error
+        if stop is None:
+            return result
+        # Stopped early. Exit rather than return, so that submitit writes no result for an unfinished run
+        # (the requeued attempt writes it). Rank 0 exits 1 when the run stopped for good after a time limit
+        # or preemption (not requeued: the job must not look COMPLETED); scancel ends CANCELLED anyway.
+        if end is not None and not end.requeued and end.cause != "cancelled":
+            raise SystemExit(1)
+        raise SystemExit(0)
 
     def _record_rank(self, ctx: tp.Any, started: float, joined: float) -> None:
         """``run_dir/ranks/<job>-r<restart>/rank-<N>.json``: what the login-node tools read about each task."""
@@ -158,6 +218,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     parser.add_argument("--run-dir", required=True, help="run directory shared by all nodes")
     parser.add_argument("--gpus-per-node", type=int, default=0)
     parser.add_argument("--dist-timeout", type=float, default=600.0, help="seconds to wait for all ranks")
+    parser.add_argument(
+        "--signal-lead", type=float, default=0.0, help="seconds of the job's --signal=USR2@S (0: unknown)"
+    )
+    parser.add_argument("--max-requeues", type=int, default=3, help="requeues after time limit/preemption/failure")
+    parser.add_argument("--time-limit", type=float, help="seconds; default: the job's limit as squeue reports it")
     args, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -167,5 +232,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         entry_args=rest,
         gpus_per_node=args.gpus_per_node,
         dist_timeout_s=args.dist_timeout,
+        max_requeues=args.max_requeues,
+        signal_lead_s=args.signal_lead,
+        time_limit_s=args.time_limit,
     )()
     return 0

@@ -24,7 +24,16 @@ import time
 import typing as tp
 from dataclasses import dataclass
 
-__all__ = ["StopSignals", "StopAgreement", "StopCause", "classify_stop", "requeue_decision", "DEFAULT_SIGNALS"]
+__all__ = [
+    "StopSignals",
+    "StopAgreement",
+    "StopCause",
+    "classify_stop",
+    "classify_end",
+    "is_peer_failure",
+    "requeue_decision",
+    "DEFAULT_SIGNALS",
+]
 
 DEFAULT_SIGNALS: tp.Tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)
 """USR2: hpctrain's ``--signal`` (time limit, and preemption where the site sends the user signal);
@@ -105,6 +114,19 @@ class StopAgreement:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
+    def reduce(self, values: tp.Sequence[int], op: str = "max") -> tp.List[int]:
+        """All-reduce a few ints (``max`` or ``min``) on the agreement's gloo group; local without one.
+        Every rank must call it at the same point (the Trainer uses it to agree on eval polls and on
+        whether to abandon an in-flight save)."""
+        if self._group is None:
+            return [int(v) for v in values]
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN, group=self._group)
+        return [int(v) for v in t.tolist()]
+
     def should_stop(self, step: int) -> bool:
         if self.decision is not None:
             return True
@@ -135,15 +157,82 @@ def classify_stop(signum: int, *, elapsed_s: float, time_limit_s: tp.Optional[fl
     return StopCause.PREEMPTION
 
 
+# Exceptions that mean "another rank or its node went away", not "the user's code is wrong": what gloo,
+# NCCL and the c10d store raise when a peer's process dies or its connection drops.
+_PEER_FAILURE_TYPES = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"})
+_PEER_FAILURE_TEXT = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "socket timeout",
+    "timed out",
+    "nccl communicator was aborted",
+    "ncclremoteerror",
+    "no route to host",
+)
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception it was raised from) says a peer rank or its node failed."""
+    seen: tp.Set[int] = set()
+    e: tp.Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ in _PEER_FAILURE_TYPES:
+            return True
+        text = str(e).lower()
+        if isinstance(e, (RuntimeError, OSError)) and any(t in text for t in _PEER_FAILURE_TEXT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def classify_end(
+    *,
+    signum: tp.Optional[int],
+    error: tp.Optional[BaseException],
+    peer_errors: tp.Sequence[str] = (),
+    slurm_state: str = "",
+    elapsed_s: float,
+    time_limit_s: tp.Optional[float],
+    lead_s: float,
+) -> str:
+    """How this attempt ended, from what rank 0 knows: the agreed stop signal (or None), its own
+    exception (or None), the causes the other ranks recorded (``peer_errors``) and Slurm's job state.
+
+    * An exception: a user error unless it is a peer failure *and* no rank recorded a user error (a
+      rank whose own code raised makes the others fail in their next collective: that is the user's).
+    * A stop: SIGTERM while Slurm says the job is being cancelled is ``scancel``; a SIGTERM at the time
+      limit's final notice is the time limit; anything else goes by the clock (:func:`classify_stop`).
+    * Neither: finished.
+    """
+    if error is not None:
+        if StopCause.USER_ERROR in peer_errors:
+            return StopCause.USER_ERROR
+        return StopCause.NODE_FAILURE if is_peer_failure(error) else StopCause.USER_ERROR
+    if signum is None:
+        return StopCause.FINISHED
+    state = slurm_state.upper()
+    if signum == signal.SIGTERM and state in ("CANCELLED", "COMPLETING"):
+        return StopCause.CANCELLED
+    if signum == signal.SIGTERM and state == "TIMEOUT":
+        return StopCause.TIME_LIMIT
+    return classify_stop(signum, elapsed_s=elapsed_s, time_limit_s=time_limit_s, lead_s=lead_s)
+
+
 def requeue_decision(cause: str, *, restarts: int, max_requeues: int, committed_new_step: bool) -> tp.Tuple[bool, str]:
-    """Whether to requeue after an end of this ``cause``, and why (one line for the log and ``status``)."""
+    """Whether to requeue after an end of this ``cause``, and why (one line for the log and ``status``).
+
+    A time limit or a failure that committed no new step would repeat itself: not requeued. A preemption
+    is the cluster's doing, not the run's, so it is requeued even without a new step (a job preempted
+    again during its start-up); ``max_requeues`` bounds all three."""
     if cause not in StopCause.REQUEUE_ON:
         return False, f"not requeued: the run ended by {cause.replace('_', ' ')}"
-    if not committed_new_step:
+    if restarts >= max_requeues:
+        return False, f"not requeued: {restarts} requeues used of --max-requeues {max_requeues}"
+    if not committed_new_step and cause != StopCause.PREEMPTION:
         return False, (
             f"not requeued: this attempt committed no new checkpoint step, so another attempt would make no "
             f"progress ({cause.replace('_', ' ')}); fix the cause, then resubmit"
         )
-    if restarts >= max_requeues:
-        return False, f"not requeued: {restarts} requeues used of --max-requeues {max_requeues}"
     return True, f"requeued after {cause.replace('_', ' ')} ({restarts + 1} of {max_requeues})"

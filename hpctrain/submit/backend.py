@@ -72,6 +72,9 @@ def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
         entry_args=cfg.entry_args,
         gpus_per_node=cfg.gpus_per_node,
         dist_timeout_s=cfg.dist_timeout,
+        max_requeues=cfg.max_requeues,
+        signal_lead_s=cfg.signal_lead_s,
+        time_limit_s=cfg.time_min * 60,
     )
 
 
@@ -95,6 +98,8 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
     atomic_write_json(run_dir / "submission.json", record)
     runner = _runner(cfg, run_dir)
     if cluster == "slurm":
+        # The Runner replaces submitit's signal handlers and requeues by itself (hpctrain.launch.ending);
+        # submitit's timeout counter is never used, the bound is cfg.max_requeues against SLURM_RESTART_COUNT.
         executor: tp.Any = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
         executor.update_parameters(**slurm_parameters(cfg))
     else:

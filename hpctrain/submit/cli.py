@@ -91,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-requeues",
         type=_integer,
         metavar="N",
-        help="passed to submitit (max_num_timeout; default 3). No automatic requeue yet: at the time-limit "
-        "warning rank 0's entry is stopped, and the job ends FAILED (one task) or TIMEOUT, not requeued",
+        help="requeues after a time limit, preemption or rank/node failure (default 3), counted by hpctrain "
+        "with SLURM_RESTART_COUNT; a time limit or failure whose attempt committed no new checkpoint step "
+        "is not requeued (docs/preemption.md)",
     )
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
     s.add_argument("--dist-timeout", type=_integer, metavar="SECONDS", help="rendezvous timeout per rank (default 600)")

@@ -117,9 +117,8 @@ class SubmitConfig:
     """Seconds before the time limit at which every task gets USR2 to checkpoint; default 120 s,
     or a quarter of the limit for jobs shorter than 8 minutes (``--signal-lead``)."""
     max_requeues: int = 3
-    """Passed to submitit as ``max_num_timeout`` (``--max-requeues``). submitit requeues a timed-out job
-    only when the submitted callable has a ``checkpoint`` method, which :class:`~hpctrain.launch.Runner`
-    does not have: today a job that reaches its limit is not requeued (docs/submit.md says what it does)."""
+    """Requeues after a time limit, preemption or rank/node failure (``--max-requeues``), counted by hpctrain
+    against ``SLURM_RESTART_COUNT``; rank 0 requeues with ``scontrol requeue`` (docs/preemption.md)."""
     cluster: str = "auto"
     """``slurm``, ``local`` (submitit's local executor, same number of processes), or ``auto``:
     Slurm when ``sbatch`` is on PATH (``--cluster``)."""

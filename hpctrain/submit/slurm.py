@@ -1,4 +1,4 @@
-"""The one seam between hpctrain and the Slurm client commands (sinfo, squeue, sacct, scancel).
+"""The one seam between hpctrain and the Slurm client commands (sinfo, squeue, sacct, scancel, scontrol).
 
 :class:`SlurmCommands` runs the real commands; tests pass a fake with the same ``run`` method
 (``tests/submit/fake_slurm.py``) instead of patching ``subprocess``. Submission itself goes through
@@ -111,3 +111,27 @@ class SlurmCommands:
 
     def cancel(self, job_id: str) -> None:
         self.run(["scancel", job_id])
+
+    def requeue(self, job_id: str) -> None:
+        """``scontrol requeue JOB``: the job goes back to PENDING with the same id, ``SLURM_RESTART_COUNT``
+        one higher; Slurm ends the running tasks (SIGTERM, SIGKILL after KillWait). Called by rank 0 of
+        the job itself once the checkpoint of the agreed step is committed."""
+        self.run(["scontrol", "requeue", job_id], timeout=60.0)
+
+    def running_job(self, job_id: str) -> tp.Tuple[str, tp.Optional[int]]:
+        """``(state, time limit in seconds or None)`` of a job from squeue, ``("", None)`` when squeue does
+        not know it. A job being cancelled shows CANCELLED or COMPLETING while its tasks still run."""
+        from hpctrain.submit.config import parse_time
+
+        try:
+            out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%l"], timeout=15.0).strip()
+        except SlurmCommandError:
+            return "", None
+        if not out:
+            return "", None
+        state, _, limit = out.splitlines()[0].partition("|")
+        try:
+            seconds: tp.Optional[int] = parse_time(limit.strip(), "time limit")
+        except HpctrainError:  # UNLIMITED, INVALID, NOT_SET
+            seconds = None
+        return state.strip(), seconds

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 import typing as tp
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from hpctrain.errors import UsageError
 from hpctrain.train.config import TrainConfig
 from hpctrain.train.display import IntervalDisplay
 from hpctrain.train.metrics import MetricsRecorder, count_flops
-from hpctrain.train.records import append_ledger, metrics_path, process_start_time, read_jsonl
+from hpctrain.train.records import append_ledger, ledger_path, metrics_path, process_start_time, read_jsonl
 
 __all__ = ["Trainer", "FitResult", "StopSignal"]
 
@@ -35,11 +36,12 @@ DataFactory = tp.Callable[[int], tp.Iterable[Batch]]
 
 
 class StopSignal:
-    """A stop request the training loop polls (``Trainer(should_stop=...)`` or your own loop).
+    """A local stop request (``Trainer(should_stop=...)`` or your own loop).
 
-    ``request()`` may be called from a signal handler or another thread. The Trainer calls the hook at
-    each log interval on every rank and agrees on the answer in the interval's collective (any rank's
-    request stops all of them at the same step), saves a checkpoint and returns.
+    ``request()`` may be called from a signal handler or another thread. A hook like this one is local to
+    its rank, so the Trainer agrees on it in the collective of each log interval (any rank's request stops
+    all of them at the same step, up to ``log_every`` steps later), saves a checkpoint and returns. The
+    Runner's ``ctx.should_stop`` is collective itself and is polled after every step instead.
     """
 
     def __init__(self) -> None:
@@ -53,7 +55,9 @@ class StopSignal:
 
 
 def _stop_hook(fn: tp.Optional[tp.Callable[..., bool]]) -> tp.Optional[tp.Callable[[int], bool]]:
-    """``fn(step)`` or ``fn()`` as ``hook(step)`` (``StopAgreement.should_stop`` takes the step)."""
+    """``fn(step)`` or ``fn()`` as ``hook(step)`` (``StopAgreement.should_stop`` takes the step). A hook
+    marked ``collective`` (``RunContext.should_stop``) agrees across ranks by itself and is polled every
+    step and in evaluation; any other is agreed at log intervals."""
     if fn is None:
         return None
     try:
@@ -63,7 +67,9 @@ def _stop_hook(fn: tp.Optional[tp.Callable[..., bool]]) -> tp.Optional[tp.Callab
         )
     except (TypeError, ValueError):
         takes_step = False
-    return (lambda step: bool(fn(step))) if takes_step else (lambda step: bool(fn()))
+    hook = (lambda step: bool(fn(step))) if takes_step else (lambda step: bool(fn()))
+    hook.collective = bool(getattr(fn, "collective", False))  # type: ignore[attr-defined]
+    return hook
 
 
 @dataclass
@@ -120,8 +126,11 @@ class Trainer:
     position checkpointed) or a factory ``(start_step) -> iterable of batches`` that resumes by itself.
     ``eval_data``: an H5DataConfig evaluated with ``loss_fn`` under ``torch.no_grad`` (``tail="exact"``
     and ``shuffle=False`` evaluate the same samples each time).
-    ``should_stop``: ``(step) -> bool`` or ``() -> bool``, polled on every rank at each log interval (the
-    answers are agreed in that interval's collective); default ``ctx.should_stop`` when the context has one.
+    ``should_stop``: ``(step) -> bool`` or ``() -> bool``; default ``ctx.should_stop`` when the context has
+    one. The context's hook is collective: it is polled after every step, before the first step and at
+    every evaluation batch, and all ranks stop at the same step, which is then saved (finishing or
+    abandoning an in-flight async save by the time left) before ``fit`` returns with ``stopped=True``.
+    Another hook is polled at each log interval and agreed in that interval's collective.
     """
 
     def __init__(
@@ -155,6 +164,9 @@ class Trainer:
         self.loss_fn, self.data, self.eval_data = loss_fn, data, eval_data
         ctx_stop = getattr(ctx, "should_stop", None)
         self.should_stop = _stop_hook(should_stop or (ctx_stop if callable(ctx_stop) else None))
+        self._collective_stop = bool(getattr(self.should_stop, "collective", False))
+        self._last_save_s: tp.Optional[float] = None
+        self._step_s: tp.Optional[float] = None
         self.run_dir = Path(ctx.run_dir)
         self.rank, self.world_size = int(ctx.rank), int(ctx.world_size)
         self.display = IntervalDisplay(enabled=config.metrics.display and self.rank == 0)
@@ -233,7 +245,15 @@ class Trainer:
                     ckpt.abandon()  # an in-flight save of a failing run must not block the exit
                 ckpt.close()
             if self.rank == 0 and getattr(self, "_ledger_started", False):
-                end = {"event": "end", "time": time.time(), "step": getattr(self, "_step", step), "status": status}
+                end = {
+                    "event": "end",
+                    "time": time.time(),
+                    "step": getattr(self, "_step", step),
+                    "status": status,
+                    "committed_step": getattr(self, "_committed", None),
+                    "last_save_s": self._last_save_s,
+                    "step_s": self._step_s,
+                }
                 append_ledger(self.run_dir, {**end, **({"error": error[:500]} if error else {})})
 
     def _build_loader(self, data_cfg: tp.Any) -> tp.Any:
@@ -272,11 +292,14 @@ class Trainer:
         last_save_time = time.monotonic()
         save_requested = stopped = False
         step, loss, eval_loss = start, None, None
+        collective = self._collective_stop
+        self._committed = start if start else None
 
         def save(at: int, blocking: bool) -> None:
             nonlocal last_ckpt, last_save_time
             assert ckpt is not None
             data_state = {"loader": loader.state_dict()} if loader is not None else {}
+            t0 = time.perf_counter()
             ckpt.save(
                 at,
                 model=module,
@@ -286,11 +309,16 @@ class Trainer:
                 data_state=data_state,
                 blocking=blocking,
             )
+            if blocking:
+                self._last_save_s, self._committed = time.perf_counter() - t0, at
             last_ckpt, last_save_time = at, time.monotonic()
 
         self._begin_ledger(start, ckpt_dir, total)
         rec.start_interval(start)
-        while step < total:
+        # a stop that came during start-up (restore, loader warm-up) is acted on before the first step
+        stopped = collective and self.should_stop is not None and self.should_stop(step)
+        t_steps = time.perf_counter()
+        while step < total and not stopped:
             timer.start()
             loss_sum = None
             samples = 0
@@ -326,6 +354,10 @@ class Trainer:
             step += 1
             self._step = step
             loss = loss_sum / accum if accum > 1 else loss_sum
+            if collective and self.should_stop(step):  # every step, every rank: all stop at this one
+                rec.step_done(loss, samples=samples)
+                stopped = True
+                break
             if (
                 ckpt is not None
                 and step < total
@@ -337,7 +369,7 @@ class Trainer:
             rec.step_done(loss, samples=samples)
             if rec.due(step):
                 time_due = bool(pol.every_minutes) and time.monotonic() - last_save_time >= 60 * pol.every_minutes
-                stop_now = self.should_stop is not None and self.should_stop(step)
+                stop_now = self.should_stop is not None and not collective and self.should_stop(step)
                 extra = {"last_checkpoint_step": last_ckpt, "lr": optimizer.param_groups[0].get("lr")}
                 if loader is not None:
                     extra["epoch"] = loader.epoch
@@ -349,10 +381,18 @@ class Trainer:
                     break
             if self.eval_data is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
                 eval_loss = self._evaluate(module, step, autocast, rec)
-        if self.eval_data is not None and step > start:
+                if collective and self.should_stop(step):  # agreed during the evaluation
+                    stopped = True
+                    break
+        if step > start:
+            self._step_s = (time.perf_counter() - t_steps) / (step - start)
+        if self.eval_data is not None and step > start and not stopped:
             eval_loss = self._evaluate(module, step, autocast, rec)
+        if stopped and ckpt is not None:
+            self._settle_in_flight(ckpt)
         if ckpt is not None and step > start and last_ckpt == step:
             ckpt.wait()  # a time-based save already took this step
+            self._committed = step
         elif ckpt is not None and step > start:
             t0 = time.perf_counter()
             save(step, blocking=True)
@@ -364,6 +404,25 @@ class Trainer:
             + (f", final loss {final_loss:.4f}" if final_loss is not None else "")
         )
         return FitResult(step, start, None, total, final_loss, eval_loss, stopped, 0.0, module)
+
+    def _settle_in_flight(self, ckpt: tp.Any) -> None:
+        """At an agreed stop: finish the in-flight async save when there is time for it and the stop save,
+        else abandon it (uncommitted) so the stop save gets the disk. Every rank decides the same (any rank
+        short of time decides for all), because ``abandon`` is collective."""
+        left = self.ctx.stop_time_left() if callable(getattr(self.ctx, "stop_time_left", None)) else None
+        need = 2 * (self._last_save_s or 0.0) + (self._step_s or 0.0)
+        short = int(left is not None and left < need + 5.0)
+        stop = getattr(self.ctx, "stop", None)
+        if stop is not None and hasattr(stop, "reduce"):
+            short = stop.reduce([short], "max")[0]
+        if short:
+            dropped = ckpt.abandon()
+            self.display.note(
+                f"hpctrain.train: {'abandoned' if dropped else 'finished'} the in-flight save "
+                f"({left if left is not None else float('nan'):.0f}s left, a save takes {need:.1f}s)"
+            )
+        else:
+            ckpt.wait()
 
     def _forward_backward(self, model, batch, autocast, scaler, accum) -> torch.Tensor:
         with autocast:
@@ -392,11 +451,20 @@ class Trainer:
         loader.set_epoch(self._eval_round)  # a fresh pass each time (shuffle=False: the same samples)
         t0 = time.perf_counter()
         total = torch.zeros(2, dtype=torch.float64)
+        # The stop poll is collective: poll only at batches every rank reaches (ranks may hold different
+        # numbers of eval batches), agreed once per evaluation.
+        polls = 0
+        if self._collective_stop and self.should_stop is not None:
+            stop = getattr(self.ctx, "stop", None)
+            n = min(len(loader), limit) if limit else len(loader)
+            polls = stop.reduce([n], "min")[0] if stop is not None and hasattr(stop, "reduce") else n
         module.eval()
         try:
             with torch.no_grad():
                 for i, batch in enumerate(loader):
                     if limit and i >= limit:
+                        break
+                    if i < polls and self.should_stop(step):
                         break
                     with autocast:
                         loss = self.loss_fn(module, batch)
@@ -425,6 +493,7 @@ class Trainer:
         previous, _ = read_jsonl(metrics_path(self.run_dir), tail_bytes=1 << 20)
         last_seen = max((r["time"] for r in previous if isinstance(r.get("time"), (int, float))), default=None)
         committed_at = self._manifest_time(ckpt_dir, start) if start else None
+        after, warning = self._previous_attempt(getattr(ctx, "signal_lead_s", 0.0) or 0.0)
         record: tp.Dict[str, tp.Any] = {
             "event": "start",
             "time": now,
@@ -444,10 +513,37 @@ class Trainer:
             # record of an earlier start: redone now (a lower bound: steps after that record are unseen)
             "lost_s": max(0.0, last_seen - committed_at) if last_seen and committed_at else (0.0 if start else None),
             "down_s": now - last_seen if last_seen else None,
+            # why the previous attempt ended (its Runner's exit record), when this is a restart
+            "after": after,
+            "signal_lead_s": getattr(ctx, "signal_lead_s", None),
+            "warning": warning,
             "config": self.config.to_dict(),
         }
         append_ledger(self.run_dir, record)
         self._ledger_started = True
+
+    def _previous_attempt(self, lead_s: float) -> tp.Tuple[tp.Optional[str], tp.Optional[str]]:
+        """The previous attempt's end cause, and a warning when the signal lead is shorter than its last
+        measured save plus one step (the stop save would not be committed before the kill)."""
+        ledger, _ = read_jsonl(ledger_path(self.run_dir))
+        exits = [r for r in ledger if r.get("event") == "exit"]
+        ends = [r for r in ledger if r.get("event") == "end" and isinstance(r.get("last_save_s"), (int, float))]
+        after = None
+        if exits:
+            last = exits[-1]
+            after = f"{last.get('cause')} ({'requeued' if last.get('requeued') else last.get('reason')})"
+        elif int(getattr(self.ctx, "restart_count", 0) or 0) > 0:
+            after = "unknown (the previous attempt left no exit record: killed)"
+        warning = None
+        if ends and lead_s:
+            save_s, step_s = float(ends[-1]["last_save_s"]), float(ends[-1].get("step_s") or 0.0)
+            if lead_s < save_s + step_s:
+                warning = (
+                    f"the signal lead ({lead_s:.0f}s) is shorter than the last save ({save_s:.1f}s) plus one step "
+                    f"({step_s:.1f}s): a stop save may not commit before the kill; raise --signal-lead"
+                )
+                print(f"hpctrain.train: warning: {warning}", file=sys.stderr, flush=True)
+        return after, warning
 
     @staticmethod
     def _manifest_time(ckpt_dir: tp.Optional[Path], step: int) -> tp.Optional[float]:

@@ -261,12 +261,13 @@ def test_python_m_hpctrain_submit_and_python_m_hpctrain_dot_submit_behave_identi
     assert list(tmp_path.iterdir()) == []
 
 
-def test_max_requeues_help_says_what_happens_today():
-    # submitit requeues a timed-out job only if the callable has `checkpoint`; Runner has none (measured on
-    # the dev cluster: the job ends TIMEOUT, one accounting record, no requeue). The help must not promise more.
+def test_max_requeues_help_says_what_happens():
+    # hpctrain requeues by itself (hpctrain.launch.ending); Runner must have no `checkpoint`, or submitit's
+    # own requeue path would run too (double requeue, and every USR2 would burn submitit's timeout counter).
     from hpctrain.launch.runner import Runner
 
     assert not hasattr(Runner, "checkpoint")
     text = " ".join(cli.build_parser().format_help().split())
-    assert "No automatic requeue yet" in text and "ends FAILED (one task) or TIMEOUT, not requeued" in text
-    assert "requeues allowed after time-outs" not in text
+    assert "requeues after a time limit, preemption or rank/node failure (default 3)" in text
+    assert "SLURM_RESTART_COUNT" in text and "committed no new checkpoint step" in text
+    assert "No automatic requeue yet" not in text

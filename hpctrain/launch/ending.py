@@ -1,0 +1,210 @@
+"""How an attempt ends: classify it, decide whether to requeue, requeue, and record why (stdlib only).
+
+Every rank writes ``run_dir/ranks/<job>-r<restart>/end-rank-<N>.json`` (its own view: finished, stopped,
+user error or peer failure). Rank 0 then decides for the job, because only it may requeue (one
+``scontrol requeue`` per attempt, never one per rank):
+
+1. cause: :func:`hpctrain.runtime.preemption.classify_end` (the agreed signal, its own exception, the
+   other ranks' end files, Slurm's view of the job);
+2. progress: did this attempt commit a checkpoint step newer than the one it resumed from (the ledger's
+   start record of this attempt against the newest committed ``step-N`` directory);
+3. decision: :func:`~hpctrain.runtime.preemption.requeue_decision` (cause, ``SLURM_RESTART_COUNT``
+   against ``--max-requeues``, progress);
+4. ``scontrol requeue`` through :class:`~hpctrain.submit.slurm.SlurmCommands`, one line on stderr, and an
+   ``exit`` record in the run's ledger (``python -m hpctrain status`` shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import typing as tp
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain._atomic import atomic_write_json
+from hpctrain.runtime.preemption import StopCause, classify_end, is_peer_failure, requeue_decision
+
+__all__ = ["AttemptEnd", "finish_attempt", "rank_end_path", "committed_progress", "requeue_job_id"]
+
+
+@dataclass
+class AttemptEnd:
+    cause: str
+    requeued: bool
+    reason: str
+    record: tp.Dict[str, tp.Any]
+
+
+def rank_end_path(run_dir: Path, job_id: str, restart_count: int, rank: int) -> Path:
+    return Path(run_dir) / "ranks" / f"{job_id or 'local'}-r{restart_count}" / f"end-rank-{rank}.json"
+
+
+def requeue_job_id(job_id: str, environ: tp.Mapping[str, str] = os.environ) -> str:
+    """The id ``scontrol requeue`` needs: ``ARRAYJOB_TASK`` for an array task (requeueing the array's
+    own id would requeue every task of the array), else the job id."""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else job_id
+
+
+def _ledger_records(run_dir: Path) -> tp.List[tp.Dict[str, tp.Any]]:
+    from hpctrain.train.records import ledger_path, read_jsonl
+
+    return read_jsonl(ledger_path(run_dir))[0]
+
+
+def committed_progress(run_dir: Path, job_id: str, restart_count: int) -> tp.Tuple[tp.Optional[int], tp.Optional[int]]:
+    """``(step this attempt resumed from, newest committed step now)``; None where unknown (an entry that
+    does not use the Trainer writes no ledger start record)."""
+    from hpctrain.status.cli import last_checkpoint
+
+    mine = [
+        r
+        for r in _ledger_records(run_dir)
+        if r.get("event") == "start" and str(r.get("job_id")) == str(job_id) and r.get("restart_count") == restart_count
+    ]
+    if not mine:
+        return None, None
+    start = mine[-1]
+    ck = last_checkpoint(start.get("checkpoint_dir"), [])
+    return start.get("resumed_from_step"), (ck or {}).get("step")
+
+
+def _peer_causes(run_dir: Path, job_id: str, restart_count: int, world_size: int, wait_s: float) -> tp.List[str]:
+    """The other ranks' recorded causes, waiting up to ``wait_s`` for those still unwinding (a dead rank
+    never writes one)."""
+    deadline = time.monotonic() + wait_s
+    causes: tp.Dict[int, str] = {}
+    while True:
+        for rank in range(1, world_size):
+            if rank in causes:
+                continue
+            try:
+                causes[rank] = str(json.loads(rank_end_path(run_dir, job_id, restart_count, rank).read_text())["cause"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        if len(causes) == world_size - 1 or time.monotonic() >= deadline:
+            return list(causes.values())
+        time.sleep(0.1)
+
+
+def finish_attempt(
+    *,
+    run_dir: Path,
+    rank: int,
+    world_size: int,
+    job_id: str,
+    restart_count: int,
+    launcher: str,
+    stop: tp.Optional[tp.Tuple[int, float]],
+    agreed_step: tp.Optional[int],
+    error: tp.Optional[BaseException],
+    started: float,
+    time_limit_s: tp.Optional[float],
+    lead_s: float,
+    max_requeues: int,
+    slurm: tp.Any = None,
+    peer_wait_s: float = 5.0,
+) -> tp.Optional[AttemptEnd]:
+    """Record this rank's end; on rank 0 also classify, decide, requeue and record the job's. ``stop`` is
+    the agreed ``(signal, time this rank recorded it)``, or None when no stop was agreed."""
+    run_dir = Path(run_dir)
+    local = (
+        StopCause.FINISHED
+        if error is None and stop is None
+        else "stopped"
+        if error is None
+        else StopCause.NODE_FAILURE
+        if is_peer_failure(error)
+        else StopCause.USER_ERROR
+    )
+    try:
+        path = rank_end_path(run_dir, job_id, restart_count, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"rank": rank, "cause": local, "time": time.time(), "error": _short(error)})
+    except OSError:
+        pass  # the record helps rank 0 classify; its absence only makes the classification coarser
+    if rank != 0:
+        return None
+
+    on_slurm = launcher == "slurm" and bool(job_id)
+    slurm_state, limit = "", time_limit_s
+    if on_slurm and (stop is not None or error is not None):
+        if slurm is None:
+            from hpctrain.submit.slurm import SlurmCommands
+
+            slurm = SlurmCommands()
+        slurm_state, squeue_limit = slurm.running_job(job_id)
+        limit = limit if limit is not None else squeue_limit
+    peers = _peer_causes(run_dir, job_id, restart_count, world_size, peer_wait_s) if error is not None else []
+    signum, signal_time = stop if stop is not None else (None, None)
+    cause = classify_end(
+        signum=signum,
+        error=error,
+        peer_errors=peers,
+        slurm_state=slurm_state,
+        elapsed_s=(signal_time or time.time()) - started,
+        time_limit_s=limit,
+        lead_s=lead_s,
+    )
+    resumed, committed = committed_progress(run_dir, job_id, restart_count)
+    if resumed is None:
+        progress = True  # no ledger: the bound alone limits requeues
+        progress_note = "progress unknown (no Trainer ledger start)"
+    else:
+        progress = committed is not None and committed > resumed
+        progress_note = f"resumed from step {resumed}, newest committed step {committed}"
+    requeued = False
+    if cause == StopCause.FINISHED:
+        reason = "finished"
+    elif cause in StopCause.REQUEUE_ON and not on_slurm:
+        reason = "not requeued: not a Slurm job (restart it in the same run directory to resume)"
+    else:
+        requeued, reason = requeue_decision(
+            cause, restarts=restart_count, max_requeues=max_requeues, committed_new_step=progress
+        )
+        if cause == StopCause.CANCELLED:
+            reason += " (scancel; a preemption without GraceTime looks the same, and Slurm requeues those itself)"
+    if requeued:
+        from hpctrain.submit.slurm import SlurmCommandError
+
+        try:
+            slurm.requeue(requeue_job_id(job_id))
+        except SlurmCommandError as exc:
+            requeued, reason = False, f"not requeued: {exc}"
+    record = {
+        "event": "exit",
+        "time": time.time(),
+        "job_id": job_id,
+        "restart_count": restart_count,
+        "cause": cause,
+        "requeued": requeued,
+        "reason": reason,
+        "signal": signum,
+        "signal_time": signal_time,
+        "agreed_step": agreed_step,
+        "resumed_from_step": resumed,
+        "committed_step": committed,
+        "progress": progress_note,
+        "slurm_state": slurm_state or None,
+        "error": _short(error),
+    }
+    try:
+        from hpctrain.train.records import append_ledger
+
+        append_ledger(run_dir, record)
+    except OSError as exc:
+        print(f"hpctrain: could not write the ledger exit record: {exc}", file=sys.stderr, flush=True)
+    where = f" at step {agreed_step}" if agreed_step is not None else ""
+    print(
+        f"hpctrain: attempt {restart_count} ended by {cause.replace('_', ' ')}{where}: {reason}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return AttemptEnd(cause, requeued, reason, record)
+
+
+def _short(error: tp.Optional[BaseException]) -> tp.Optional[str]:
+    return None if error is None else f"{type(error).__name__}: {error}"[:500]
