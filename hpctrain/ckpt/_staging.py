@@ -3,13 +3,68 @@
 from __future__ import annotations
 
 import ctypes
+import logging
+import mmap
 import typing as tp
 
+import numpy as np
 import torch
 
 from hpctrain.ckpt._state import Piece, piece_bytes, piece_view
 
-__all__ = ["Stager"]
+__all__ = ["Stager", "CudaOps", "cuda_devices"]
+
+log = logging.getLogger(__name__)
+
+
+class CudaOps:
+    """The CUDA calls staging makes, behind one seam so that tests can record them without a GPU."""
+
+    def synchronize(self, device: int) -> None:
+        torch.cuda.synchronize(device)
+
+    def pin(self, ptr: int, nbytes: int) -> bool:
+        """Page-lock ``[ptr, ptr + nbytes)`` for every device (cudaHostRegisterPortable); False on failure."""
+        return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)) == 0
+
+    def unpin(self, ptr: int) -> None:
+        rc = int(torch.cuda.cudart().cudaHostUnregister(ptr))
+        if rc != 0:
+            log.warning("hpctrain.ckpt: cudaHostUnregister of the staging arena failed (cudaError %d)", rc)
+
+
+def cuda_devices(pieces: tp.Sequence[Piece]) -> tp.List[int]:
+    """Indices of the GPUs that hold any of ``pieces``, sorted."""
+    return sorted({p.tensor.device.index or 0 for p in pieces if p.tensor.device.type == "cuda"})
+
+
+class _Arena:
+    """Anonymous mmap pages of exactly the requested size, page-locked with cudaHostRegister when needed.
+
+    Not ``torch.empty(pin_memory=True)``: torch's caching host allocator rounds every pinned block up to
+    a power of two (a 2.1 GiB arena would pin 4 GiB) and keeps freed blocks pinned in its cache, so a
+    grown or released arena would stay locked. Registering our own pages pins exactly their size, and
+    unregistering returns them; the mapping itself goes when the last view of it is dropped.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._map: tp.Optional[mmap.mmap] = mmap.mmap(-1, nbytes)
+        self.tensor = torch.from_numpy(np.frombuffer(self._map, dtype=np.uint8))
+        self.ptr = self.tensor.data_ptr()
+        self.pinned = False
+
+    def release(self, ops: CudaOps) -> None:
+        if self.pinned:
+            ops.unpin(self.ptr)
+            self.pinned = False
+        self.tensor = None  # type: ignore[assignment]
+        m, self._map = self._map, None
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:  # a chunk handed to the writer still points into it: unmapped when dropped
+                pass
 
 
 class Stager:
@@ -20,11 +75,35 @@ class Stager:
     but handed to the writer as views of their tensors (the caller waits, so they cannot change), and
     only the small ones are copied, so that thousands of small tensors still make a few large writes.
     The arena is reused while it is large enough (no page faults after the first save; pages under
-    direct pieces are never touched) and is pinned when the state lives on a GPU.
+    direct pieces are never touched); growing it releases the old one.
+
+    GPU state: the arena is page-locked (exactly its size) so the device-to-host copies are DMA. Every
+    GPU that holds a piece is synchronised before the copies, so work queued on any of its streams
+    (an optimizer step on a side stream, state on a second GPU of this rank) has finished writing the
+    state, and again after them, so the copies (each on its tensor's device's current stream) are in
+    the arena before it is handed to the writer and before the caller may change the state.
     """
 
-    def __init__(self) -> None:
-        self._arena: tp.Optional[torch.Tensor] = None
+    def __init__(self, cuda: tp.Optional[CudaOps] = None) -> None:
+        self._cuda = cuda or CudaOps()
+        self._arena: tp.Optional[_Arena] = None
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Host bytes this stager holds page-locked (0 when none)."""
+        a = self._arena
+        return a.nbytes if a is not None and a.pinned else 0
+
+    def _ensure(self, size: int, pin: bool) -> _Arena:
+        a = self._arena
+        if a is None or a.nbytes < size:
+            self.release()  # the old arena first: a grown state must not hold two arenas pinned
+            a = self._arena = _Arena(max(size, 1))
+        if pin and not a.pinned:
+            a.pinned = self._cuda.pin(a.ptr, a.nbytes)
+            if not a.pinned:  # still correct (the copies are synchronous), only slower
+                log.warning("hpctrain.ckpt: could not pin the %d-byte staging arena; staging from GPU unpinned", size)
+        return a
 
     def stage(
         self,
@@ -34,13 +113,13 @@ class Stager:
         direct_min: tp.Optional[int] = None,
     ) -> tp.List[tp.Tuple[int, memoryview]]:
         """The data section as (offset, bytes) chunks that tile ``[0, size)`` in order."""
-        on_gpu = any(p.tensor.device.type == "cuda" for p in pieces)
-        if self._arena is None or self._arena.numel() < size or (on_gpu and not self._arena.is_pinned()):
-            self._arena = None
-            self._arena = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=on_gpu)
-        arena = self._arena
+        devices = cuda_devices(pieces)
+        on_gpu = bool(devices)
+        a = self._ensure(size, on_gpu)
+        arena, base = a.tensor, a.ptr
         whole = memoryview(arena.numpy())
-        base = arena.data_ptr()
+        for d in devices:  # every stream of every GPU holding state is done writing it
+            self._cuda.synchronize(d)
         chunks: tp.List[tp.Tuple[int, memoryview]] = []
         pos = seg = 0  # end of the last piece; start of the arena segment not yet emitted
         for p, e in zip(pieces, entries):
@@ -58,15 +137,18 @@ class Stager:
                 elif plain:
                     ctypes.memmove(base + off, t.data_ptr() + p.start * p.es, nb)
                 else:
-                    arena[off : off + nb].view(t.dtype).copy_(piece_view(p), non_blocking=on_gpu)
+                    arena[off : off + nb].view(t.dtype).copy_(piece_view(p), non_blocking=on_gpu and a.pinned)
             pos = off + nb
         if size > pos:
             ctypes.memset(base + pos, 0, size - pos)
         if size > seg:
             chunks.append((seg, whole[seg:size]))
-        if on_gpu:
-            torch.cuda.synchronize()
+        for d in devices:  # the copies (queued on each device's current stream) are in the arena
+            self._cuda.synchronize(d)
         return chunks
 
     def release(self) -> None:
-        self._arena = None
+        """Unpin and drop the arena (the next save allocates a new one)."""
+        a, self._arena = self._arena, None
+        if a is not None:
+            a.release(self._cuda)
