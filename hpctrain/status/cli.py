@@ -157,6 +157,8 @@ def collect(run_dir: tp.Union[str, Path], *, slurm: tp.Any = None) -> tp.Dict[st
         "checkpoint": last_checkpoint(ckpt_dir, problems),
         "last_interval": last,
         "last_eval": evals[-1] if evals else None,
+        # how the newest attempt ended and whether it was requeued, with the reason (hpctrain.launch.ending)
+        "last_exit": next((r for r in reversed(ledger) if r.get("event") == "exit"), None),
         "ledger": ledger,
         "problems": problems,
     }

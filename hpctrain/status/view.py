@@ -103,6 +103,14 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
             f"[bold]checkpoint[/] step {ck['step']} committed {_ago(ck.get('time'))} by {ck.get('world_size')} ranks"
             f" · {escape(ck['dir'])}"
         )
+    ex = report.get("last_exit")
+    if ex:
+        at = f" at step {ex['agreed_step']}" if ex.get("agreed_step") is not None else ""
+        colour = "green" if ex.get("requeued") or ex.get("cause") == "finished" else "yellow"
+        out(
+            f"[bold]last exit[/]  attempt {ex.get('restart_count')}: {escape(str(ex.get('cause')))}{at} · "
+            f"[{colour}]{escape(str(ex.get('reason')))}[/]"
+        )
     if report["ledger"]:
         table = Table(title="ledger", title_justify="left")
         for col in ("event", "when", "job", "restart", "hosts", "from step", "lost", "down", "startup", "status"):
@@ -119,7 +127,7 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
                 fmt_duration(r["lost_s"]) if r.get("lost_s") is not None else "",
                 fmt_duration(r["down_s"]) if r.get("down_s") is not None else "",
                 f"{r['startup_s']:.1f}s" if r.get("startup_s") is not None else "",
-                str(r.get("status", "")),
+                str(r.get("status", r.get("cause", ""))),
             )
         console.print(table)
     for p in report["problems"]:

@@ -20,6 +20,9 @@ class FakeSlurm(SlurmCommands):
         self.final: tp.Dict[str, str] = {}  # job id -> sacct state once out of the queue
         self.calls: tp.List[tp.List[str]] = []
         self.accounting = True
+        self.limits: tp.Dict[str, str] = {}  # job id -> time limit as squeue prints it (%l)
+        self.requeued: tp.List[str] = []  # job ids given to `scontrol requeue`
+        self.requeue_error: tp.Optional[str] = None  # scontrol's error line, to make requeue fail
         self.forgotten: tp.Set[str] = set()  # jobs slurmctld no longer remembers: squeue errors, sacct knows
 
     def run(self, argv: tp.Sequence[str], timeout: float = 30.0) -> str:
@@ -36,6 +39,8 @@ class FakeSlurm(SlurmCommands):
             if not states:
                 return ""
             state, _, reason = states.pop(0).partition(":")
+            if argv[argv.index("-o") + 1] == "%T|%l":
+                return f"{state}|{self.limits.get(job, '10:00')}\n"
             reason = reason or ("Priority" if state == "PENDING" else "None")
             return f"{state}|node[1-2]|0:05|{reason}\n"
         if program == "sacct":
@@ -46,5 +51,10 @@ class FakeSlurm(SlurmCommands):
         if program == "scancel":
             self.final[argv[1]] = "CANCELLED by 0"
             self.queue[argv[1]] = []
+            return ""
+        if program == "scontrol" and argv[1] == "requeue":
+            if self.requeue_error:
+                raise SlurmCommandError(f"scontrol requeue {argv[2]} failed: {self.requeue_error}")
+            self.requeued.append(argv[2])
             return ""
         raise SlurmCommandError(f"{program} is not faked")
