@@ -116,7 +116,18 @@ class SlurmCommands:
         """``scontrol requeue JOB``: the job goes back to PENDING with the same id, ``SLURM_RESTART_COUNT``
         one higher; Slurm ends the running tasks (SIGTERM, SIGKILL after KillWait). Called by rank 0 of
         the job itself once the checkpoint of the agreed step is committed."""
-        self.run(["scontrol", "requeue", job_id], timeout=60.0)
+        import signal
+
+        # scontrol runs inside the job step, so the SIGTERM that the requeue itself sends to every process of
+        # the step (and a late USR2) would kill it before it exits ("failed: exit -15" although slurmctld
+        # requeued the job). Blocked signals stay blocked across exec: scontrol finishes and exits first;
+        # this process gets them (recorded by its handlers) when the mask is restored.
+        shield = {signal.SIGTERM, signal.SIGUSR2}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, shield)
+        try:
+            self.run(["scontrol", "requeue", job_id], timeout=60.0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def running_job(self, job_id: str) -> tp.Tuple[str, tp.Optional[int]]:
         """``(state, time limit in seconds or None)`` of a job from squeue, ``("", None)`` when squeue does
