@@ -1,0 +1,88 @@
+"""The entry the preemption tests run on the dev cluster: a tiny Trainer run over an HDF5 file that logs
+every sample it consumes, with faults to order (an exception, a rank SIGKILLed during a save or at start).
+
+``--samples``: each rank appends ``{"restart", "call", "index": [...]}`` per batch to
+``RUN_DIR/samples/r<restart>-rank<R>.jsonl`` (grad_accum 1: call n of an attempt is step resumed+n).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+import typing as tp
+
+
+def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="preempt_entry")
+    p.add_argument("--data", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (the clock of the test, not the math)")
+    p.add_argument("--ckpt-every", type=int, default=50, help="periodic saves (the stop save is extra)")
+    p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--fail-at", type=int, default=0, help="rank 1 raises ValueError at this step")
+    p.add_argument("--kill-in-save", type=int, default=0, help="attempt 0: rank 1 SIGKILLs itself saving this step")
+    p.add_argument("--kill-after", type=int, default=0, help="attempts >= 1: rank 1 SIGKILLs itself after N calls")
+    return p.parse_args(list(args))
+
+
+def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
+    import torch
+
+    from hpctrain.ckpt import Checkpointer
+    from hpctrain.data import H5DataConfig
+    from hpctrain.train import CheckpointPolicy, MetricsConfig, TrainConfig, Trainer
+
+    opts = _parse(ctx.args)
+    samples_dir = ctx.run_dir / "samples"
+    samples_dir.mkdir(exist_ok=True)
+    log = open(samples_dir / f"r{ctx.restart_count}-rank{ctx.rank}.jsonl", "a", buffering=1)
+    calls = [0]
+
+    if opts.kill_in_save and ctx.restart_count == 0 and ctx.rank == 1:
+        original = Checkpointer.save
+
+        def save(self: tp.Any, step: int, **kw: tp.Any) -> tp.Any:
+            if step == opts.kill_in_save:
+                os.kill(os.getpid(), signal.SIGKILL)  # rank 0 is inside the same save now
+            return original(self, step, **kw)
+
+        Checkpointer.save = save  # type: ignore[method-assign]
+
+    def loss_fn(model: tp.Any, batch: tp.Any) -> tp.Any:
+        calls[0] += 1
+        record = {"restart": ctx.restart_count, "call": calls[0], "t": time.time(), "index": batch["index"].tolist()}
+        log.write(json.dumps(record) + "\n")
+        if opts.sleep:
+            time.sleep(opts.sleep)
+        if ctx.rank == 1 and opts.fail_at and calls[0] == opts.fail_at:
+            raise ValueError(f"user code failed at call {calls[0]}")
+        if ctx.rank == 1 and opts.kill_after and ctx.restart_count >= 1 and calls[0] == opts.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.nn.functional.cross_entropy(model(batch["x"].float()), batch["y"].long())
+
+    config = TrainConfig(
+        steps=opts.steps,
+        seed=1,
+        log_every=10,
+        checkpoint=CheckpointPolicy(every_steps=opts.ckpt_every, keep_last=opts.keep),
+        metrics=MetricsConfig(display=True),
+    )
+    data = H5DataConfig(
+        files=(opts.data,), keys=("x", "y"), global_batch_size=opts.batch, num_workers=opts.workers, seed=3
+    )
+    trainer = Trainer(
+        ctx,
+        config=config,
+        model=lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        loss_fn=loss_fn,
+        data=data,
+    )
+    fit = trainer.fit()
+    log.close()
+    return {"step": fit.step, "stopped": fit.stopped}
