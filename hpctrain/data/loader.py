@@ -11,7 +11,9 @@ Typical use::
                 ...; ckpt["data"] = loader.state_dict()   # global, identical on every rank
 
 CPU batches are views of shared memory, valid until the next batch is requested (as DALI's outputs);
-``.clone()`` what you keep. With a CUDA device the batch is copied (pinned, non-blocking) and owned.
+``.clone()`` what you keep. With a CUDA device the batch is copied (pinned, non-blocking) and owned;
+the stream the step runs on waits for the copy: ``stream=`` when given, else the stream current at
+``next()`` (see ``docs/data.md``, GPU batches).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from hpctrain.data._config import H5DataConfig
 from hpctrain.data._h5 import Layout, scan
 from hpctrain.data._order import EpochOrder, EpochPlan, batches_per_epoch
+from hpctrain.data._pinned import PinnedRing
 from hpctrain.data._workers import InlineReader, SlotArena, WorkerPool, batch_spec, memory_available
 from hpctrain.data.metrics import LoaderMetrics, StepMetrics
 from hpctrain.errors import HpctrainError, UsageError
@@ -55,14 +58,6 @@ class _Pipe:
         return (self.epoch, self.next_batch) == (epoch, batch)
 
 
-def _default_rank_world() -> tp.Tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 class H5Loader:
     """Deterministic, elastic-resumable, prefetching HDF5 batches for one rank. See ``docs/data.md``."""
 
@@ -72,9 +67,17 @@ class H5Loader:
         rank: tp.Optional[int] = None,
         world_size: tp.Optional[int] = None,
         device: tp.Union[str, torch.device, None] = None,
+        stream: tp.Any = None,
     ) -> None:
+        """``rank``/``world_size``: default :func:`hpctrain.runtime.process_group.rank_and_world`.
+
+        ``stream``: the ``torch.cuda.Stream`` the training step consumes batches on, when it is not the
+        stream current at ``next()`` (a step inside ``with torch.cuda.stream(s):`` while the ``for``
+        loop is outside it); settable later as ``loader.stream``."""
         if rank is None or world_size is None:
-            r, w = _default_rank_world()
+            from hpctrain.runtime.process_group import rank_and_world
+
+            r, w = rank_and_world()
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
         if world_size < 1 or not 0 <= rank < world_size:
@@ -96,9 +99,8 @@ class H5Loader:
         self._pool: tp.Union[WorkerPool, InlineReader, None] = None
         self._arena: tp.Optional[SlotArena] = None
         self._held: tp.Optional[int] = None  # slot the consumer is holding
-        self._pinned: tp.List[tp.Any] = []
-        self._pin_next = 0
-        self._copy_stream: tp.Any = None
+        self.stream = stream
+        self._ring: tp.Optional[PinnedRing] = None
         self._closed = False
         self._active = 0  # generation of the live iterator; older ones stop
         self._pending: tp.Set[int] = set()  # task ids submitted and not yet collected
@@ -383,44 +385,29 @@ class H5Loader:
         # pinned staging ring → non-blocking copy on a side stream, so the H2D of batch i+1 overlaps the
         # compute of step i; the consumer's stream waits for the copy, not the host
         if self.config.pin_memory and dev.type == "cuda":
-            if not self._pinned:
-                self._pinned = [
-                    (
-                        {
-                            k: torch.empty(v.shape, dtype=torch.from_numpy(v[:0]).dtype, pin_memory=True)
-                            for k, v in views.items()
-                        },
-                        None,
-                    )
-                    for _ in range(3)
-                ]
-                self._copy_stream = torch.cuda.Stream(device=dev)
-            bufs, event = self._pinned[self._pin_next]
-            if event is not None:
-                event.synchronize()  # the copy that last used this pinned buffer is done
-            for key, v in views.items():
-                bufs[key].copy_(torch.from_numpy(v))
-            with torch.cuda.stream(self._copy_stream):
-                out = {key: t.to(dev, non_blocking=True) for key, t in bufs.items()}
-                ev = torch.cuda.Event()
-                ev.record(self._copy_stream)
-            consumer = torch.cuda.current_stream(dev)
-            consumer.wait_event(ev)
-            for t in out.values():
-                t.record_stream(consumer)  # the caching allocator must not reuse it before the step ran
-            self._pinned[self._pin_next] = (bufs, ev)
-            self._pin_next = (self._pin_next + 1) % len(self._pinned)
+            if self._ring is None:
+                self._ring = PinnedRing(dev)
+            out = self._ring.deliver(views, self.stream)
         else:
             out = {key: torch.from_numpy(v).to(dev) for key, v in views.items()}
         self._held = slot
         return out
 
     # ---- lifetime ------------------------------------------------------------------------------
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host memory held for GPU copies (0 on CPU, before the first batch and after close)."""
+        return self._ring.pinned_bytes if self._ring is not None else 0
+
     def close(self) -> None:
-        """Stop the workers (about a second at most) and free shared memory. Idempotent."""
+        """Stop the workers (about a second at most), free shared memory, and release the pinned
+        buffers and the copy stream (after their copies finished). Idempotent."""
         self._active += 1
         self._closed = True
         self._shutdown_pool()
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
 
     def __enter__(self) -> "H5Loader":
         return self
