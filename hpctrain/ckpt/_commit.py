@@ -17,10 +17,11 @@ Every rank puts an owner file (host, pid, job) in the tmp dir right after creati
 step that exists moves the old copy aside (``step-N.replaced-*``) and renames the new one into place;
 the old copy is deleted only after that, and put back by the next clean-up if the save died between.
 
-Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:sleepSECONDS]``, comma separated; SIGKILL by default):
+Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:raiseonce|:sleepSECONDS]``, comma separated;
+SIGKILL by default):
 ``start``, ``before_write``, ``after_write`` (written, not fsynced), ``after_fsync`` (before the
 agreement), ``after_agree``, ``after_manifest``, ``after_move_aside`` (a re-save, between its two
-renames), ``after_rename`` (before LATEST), ``after_latest``.
+renames), ``after_rename`` (before LATEST), ``after_latest``; and ``restore_read`` (a rank's reads during restore).
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ FAULT_POINTS = (
     "after_move_aside",
     "after_rename",
     "after_latest",
+    "restore_read",
 )
 FAULT_ENV = "HPCTRAIN_CKPT_FAULT"
+_FIRED: tp.Set[str] = set()
 
 
 def fault(point: str, rank: int) -> None:
@@ -83,7 +86,11 @@ def fault(point: str, rank: int) -> None:
         parts = item.strip().split(":")
         if parts[0] != point or (len(parts) > 1 and parts[1] not in ("", "*", str(rank))):
             continue
-        if len(parts) > 2 and parts[2] == "raise":
+        if len(parts) > 2 and parts[2] in ("raise", "raiseonce"):
+            if parts[2] == "raiseonce":  # the first time in this process only (a transient failure)
+                if item in _FIRED:
+                    continue
+                _FIRED.add(item)
             raise OSError(f"injected fault at {point}")
         if len(parts) > 2 and parts[2].startswith("sleep"):
             time.sleep(float(parts[2][5:] or 1.0))
@@ -102,7 +109,9 @@ class Comm:
 
         self.timeout_s = timeout_s
         if dist.is_available() and dist.is_initialized():
-            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            from hpctrain.runtime.process_group import rank_and_world
+
+            self.rank, self.world = rank_and_world()
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         else:
             self.rank, self.world, self.group = 0, 1, None

@@ -16,7 +16,10 @@ data``. Every data entry starts on a 64-byte boundary relative to the data start
 aligned to 64 bytes. The header holds:
 
 * ``entries``: ``[{"key", "dtype", "shape", "start", "stop", "offset", "nbytes"}]``: this rank's
-  piece of the flattened tensor ``key`` (elements ``start:stop``), stored at ``offset``.
+  piece of the flattened tensor ``key`` (elements ``start:stop``), stored at ``offset``. Or, for a
+  sharded tensor (a DTensor's local chunk; format version 2), ``{"key", "dtype", "shape", "box",
+  "offset", "nbytes"}``: ``shape`` is the global shape, ``box`` is ``[offsets, lengths]`` per dimension
+  of the chunk, whose elements are stored row-major. The pieces of one tensor are all ranges or all boxes.
 * ``trees`` (rank 0 only): the replicated state as JSON, tensors replaced by ``{"__tensor__": key}``.
 * ``local``: this rank's rank-local state tree (RNG states), tensors keyed ``local/...``.
 
@@ -65,7 +68,8 @@ __all__ = [
     "CRC32_IMPL",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written as 2 when a checkpoint holds sharded (box) entries, else as 1; both are read."""
 MAGIC = b"HPCKSHD1"
 MANIFEST = "MANIFEST.json"
 LATEST = "LATEST"

@@ -29,6 +29,7 @@ import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.ckpt._boxes import Box, boxes_tile, flat_runs, runs, whole
 from hpctrain.ckpt._format import (
     ALIGN,
     DTYPE_SIZES,
@@ -59,6 +60,7 @@ __all__ = [
     "build_index",
     "verify_dir",
     "digest_dir",
+    "bytes_read",
 ]
 
 MAX_MANIFEST_BYTES = 64 << 20
@@ -72,6 +74,13 @@ MAX_JSON_DEPTH = 100
 MAX_DIMS = 64
 _MAX_ELEMENTS = 1 << 62  # keeps shapes and strides inside int64 (torch's index type)
 _READ_CHUNK = 16 << 20
+_BYTES_READ = [0]  # tensor bytes read from shard files by this process (restore, digest): the benchmark's meter
+
+
+def bytes_read() -> int:
+    """Tensor bytes this process has read from shard files so far (headers and manifests not counted)."""
+    return _BYTES_READ[0]
+
 
 PathLike = tp.Union[str, os.PathLike]
 
@@ -237,9 +246,25 @@ def _entry_problem(e: tp.Any, data_start: int, size: int) -> str:
     if math.prod(max(d, 1) for d in shape) >= _MAX_ELEMENTS:
         return f"entry {key!r} has an absurd shape {str(shape)[:80]}"
     numel = math.prod(shape)
-    start, stop, offset, nbytes = (e.get(k) for k in ("start", "stop", "offset", "nbytes"))
-    if not (_is_int(start) and _is_int(stop) and _is_int(offset) and _is_int(nbytes)):
-        return f"malformed entry {str(e)[:80]}"
+    offset, nbytes = e.get("offset"), e.get("nbytes")
+    if "box" in e:  # a sharded tensor's chunk (format 2)
+        box = e["box"]
+        if not (
+            isinstance(box, list)
+            and len(box) == 2
+            and all(isinstance(b, list) and len(b) == len(shape) and all(_is_int(x) for x in b) for b in box)
+            and "start" not in e
+            and _is_int(offset)
+            and _is_int(nbytes)
+        ):
+            return f"entry {key!r} has a malformed chunk {str(box)[:80]}"
+        if any(o + n > d for o, n, d in zip(box[0], box[1], shape)):
+            return f"entry {key!r}: chunk {box} lies outside the shape {shape}"
+        start, stop = 0, math.prod(box[1])
+    else:
+        start, stop = e.get("start"), e.get("stop")
+        if not (_is_int(start) and _is_int(stop) and _is_int(offset) and _is_int(nbytes)):
+            return f"malformed entry {str(e)[:80]}"
     if not start <= stop <= numel or nbytes != (stop - start) * DTYPE_SIZES[dtype]:
         return f"entry {key!r} has inconsistent element range {start}:{stop} of {numel} / {nbytes} bytes"
     if offset % ALIGN or data_start + offset + nbytes > size:
@@ -257,13 +282,15 @@ def read_header(path: PathLike) -> ShardHeader:
 # ---------------------------------------------------------------------------------------------- the index
 class PieceRef(tp.NamedTuple):
     start: int
-    """First element of the flattened tensor in this piece."""
+    """First element of the flattened tensor in this piece (0 for a box)."""
     stop: int
     shard: int
     """Index of the shard file holding it."""
     pos: int
     """Absolute byte position in that file."""
     nbytes: int
+    box: tp.Optional[Box] = None
+    """A sharded tensor's chunk (offsets, lengths), stored row-major; None for a flat element range."""
 
 
 class StoredTensor(tp.NamedTuple):
@@ -275,6 +302,24 @@ class StoredTensor(tp.NamedTuple):
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def sharded(self) -> bool:
+        return self.pieces[0].box is not None
+
+    def runs(self, dst: Box, es: int) -> tp.List[tp.Tuple[int, int, int, int]]:
+        """``(shard, file position, byte offset in dst, nbytes)`` runs that fill box ``dst`` (row-major)."""
+        out = []
+        if self.sharded:
+            for p in self.pieces:
+                assert p.box is not None
+                out += [(p.shard, p.pos + s * es, d * es, n * es) for s, d, n in runs(p.box, dst)]
+        else:
+            flat = [(p.start, p.stop) for p in self.pieces]
+            for i, s, d, n in flat_runs(flat, self.shape, dst):
+                p = self.pieces[i]
+                out.append((p.shard, p.pos + s * es, d * es, n * es))
+        return out
 
 
 @dataclass
@@ -290,6 +335,8 @@ class Index:
     """Per shard: that rank's rank-local tensors (``local/...``), stored whole in its own shard."""
     trees: tp.Dict[str, tp.Any]
     local_trees: tp.List[tp.Optional[tp.Dict[str, tp.Any]]]
+    header_crcs: tp.List[int]
+    """Per shard: crc32 of its bytes before the data start (header and zero padding), as read for the index."""
 
     @property
     def shards(self) -> tp.List[tp.Dict[str, tp.Any]]:
@@ -315,6 +362,7 @@ def build_index(ckpt_dir: PathLike) -> Index:
             raise CheckpointFormatError(f"{_where(p)}: size {st.st_size} != {s['bytes']} in the manifest (truncated?)")
     headers: tp.List[tp.Dict[str, tp.Any]] = []
     data_starts: tp.List[int] = []
+    header_crcs: tp.List[int] = []
     for i, s in enumerate(shards):
         p = ckpt_dir / s["file"]
         with open_regular(p) as f:
@@ -322,6 +370,8 @@ def build_index(ckpt_dir: PathLike) -> Index:
             if size != s["bytes"]:
                 raise CheckpointFormatError(f"{_where(p)}: size {size} != {s['bytes']} in the manifest (truncated?)")
             h = _read_header_from(f, size, _where(p))
+            f.seek(0)
+            header_crcs.append(crc32(_read_exactly(f, h.data_start, _where(p))))
         hdr = h.header
         for field, want in (("rank", i), ("world_size", world), ("step", step)):
             if field in hdr and hdr[field] != want:
@@ -333,7 +383,11 @@ def build_index(ckpt_dir: PathLike) -> Index:
     for i, hdr in enumerate(headers):
         mine: tp.Dict[str, StoredTensor] = {}
         for e in hdr["entries"]:
-            ref = PieceRef(e["start"], e["stop"], i, data_starts[i] + e["offset"], e["nbytes"])
+            if "box" in e:
+                box = (tuple(e["box"][0]), tuple(e["box"][1]))
+                ref = PieceRef(0, math.prod(box[1]), i, data_starts[i] + e["offset"], e["nbytes"], box)
+            else:
+                ref = PieceRef(e["start"], e["stop"], i, data_starts[i] + e["offset"], e["nbytes"])
             table = mine if e["key"].startswith("local/") else tensors
             st_ = table.get(e["key"])
             if st_ is None:
@@ -359,11 +413,19 @@ def build_index(ckpt_dir: PathLike) -> Index:
         if lt is not None:
             _check_tree(f"{ckpt_dir.name}: rank {i}'s local state", lt, local[i])
         local_trees.append(lt)
-    return Index(ckpt_dir, manifest, data_starts, tensors, local, trees, local_trees)
+    return Index(ckpt_dir, manifest, data_starts, tensors, local, trees, local_trees, header_crcs)
 
 
 def _check_tiling(where: str, key: str, t: StoredTensor) -> None:
     """The pieces of one tensor must tile it exactly: no gap, no overlap, nothing missing."""
+    kinds = {p.box is None for p in t.pieces}
+    if len(kinds) > 1:
+        raise CheckpointFormatError(f"{where}: tensor {key!r} is stored both as ranges and as chunks")
+    if t.pieces[0].box is not None:
+        bad = boxes_tile(t.shape, [p.box for p in t.pieces if p.box is not None])
+        if bad:
+            raise CheckpointFormatError(f"{where}: tensor {key!r}: {bad}")
+        return
     t.pieces.sort(key=lambda p: p.start)
     pos = 0
     for p in t.pieces:
@@ -476,16 +538,18 @@ def digest_dir(ckpt_dir: PathLike) -> tp.Dict[str, str]:
             for key in _tensor_keys(index.trees[name]):
                 t = index.tensors[key]
                 h.update(json.dumps([t.dtype, list(t.shape)]).encode())
-                for p in t.pieces:
-                    f = files.get(p.shard) or files.setdefault(p.shard, index.open_shard(p.shard))
-                    f.seek(p.pos)
-                    remaining = p.nbytes
+                # the global value in row-major order, however it was split (ranges) or sharded (chunks)
+                for shard, pos, _, nbytes in sorted(t.runs(whole(t.shape), DTYPE_SIZES[t.dtype]), key=lambda r: r[2]):
+                    f = files.get(shard) or files.setdefault(shard, index.open_shard(shard))
+                    f.seek(pos)
+                    remaining = nbytes
                     while remaining:
                         chunk = f.read(min(remaining, _READ_CHUNK))
                         if not chunk:
-                            raise CheckpointFormatError(f"{index.path.name}: shard {p.shard} truncated")
+                            raise CheckpointFormatError(f"{index.path.name}: shard {shard} truncated")
                         h.update(chunk)
                         remaining -= len(chunk)
+                    _BYTES_READ[0] += nbytes
             out[name] = h.hexdigest()
     finally:
         for f in files.values():

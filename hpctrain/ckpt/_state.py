@@ -88,11 +88,14 @@ def _hashable(k: tp.Any) -> tp.Any:
 
 class Piece(tp.NamedTuple):
     key: str
-    tensor: torch.Tensor  # the whole tensor
+    tensor: torch.Tensor  # the whole tensor (a DTensor's local chunk, for a box)
     start: int  # element range of the flattened tensor
     stop: int
     dtype: str  # dtype name in the format
     es: int  # element size
+    box: tp.Optional[tp.Tuple[tp.Tuple[int, ...], tp.Tuple[int, ...]]] = None
+    """A sharded tensor's chunk: (offsets, lengths) in the global tensor of shape ``global_shape``."""
+    global_shape: tp.Optional[tp.Tuple[int, ...]] = None
 
 
 _NAMES: tp.Dict[torch.dtype, tp.Tuple[str, int]] = {}
@@ -164,17 +167,12 @@ def plan_offsets(pieces: tp.Sequence[Piece]) -> tp.Tuple[tp.List[tp.Dict[str, tp
     entries, off = [], 0
     for p in pieces:
         nb = (p.stop - p.start) * p.es
-        entries.append(
-            {
-                "key": p.key,
-                "dtype": p.dtype,
-                "shape": list(p.tensor.shape),
-                "start": p.start,
-                "stop": p.stop,
-                "offset": off,
-                "nbytes": nb,
-            }
-        )
+        if p.box is not None and p.global_shape is not None:
+            e = {"key": p.key, "dtype": p.dtype, "shape": list(p.global_shape), "box": [list(b) for b in p.box]}
+        else:
+            e = {"key": p.key, "dtype": p.dtype, "shape": list(p.tensor.shape), "start": p.start, "stop": p.stop}
+        e.update(offset=off, nbytes=nb)
+        entries.append(e)
         off += align(nb)
     return entries, off
 

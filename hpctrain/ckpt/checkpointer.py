@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -19,17 +19,16 @@ import torch
 
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
+from hpctrain.ckpt._dtensor import check_placements, fully_replicated, is_dtensor, local_box, writes_chunk
 from hpctrain.ckpt._format import (
-    DTYPE_SIZES,
-    MAGIC,
     SMALL_PIECE_BYTES,
     CheckpointFormatError,
-    crc32,
     encode_header,
     quarantine_name,
     step_name,
 )
-from hpctrain.ckpt._reader import Index, StoredTensor, build_index
+from hpctrain.ckpt._reader import Index, build_index
+from hpctrain.ckpt._restore import RESTORE_MODES, Plan, fill, plan, read
 from hpctrain.ckpt._scan import (
     ABANDONED_AFTER_S,
     Deleter,
@@ -41,7 +40,8 @@ from hpctrain.ckpt._scan import (
 )
 from hpctrain.ckpt._staging import Stager
 from hpctrain.ckpt._state import (
-    DTYPES,
+    Piece,
+    _dtype_info,
     capture_rng,
     flatten,
     layout,
@@ -87,6 +87,11 @@ class CheckpointConfig:
     for ``abandoned_after_s``."""
     abandoned_after_s: float = ABANDONED_AFTER_S
     """A temporary directory whose writers cannot be proven gone is left alone until untouched this long."""
+    restore_mode: str = "read_once"
+    """``read_once``: each rank reads about 1/world of the replicated state from the files and the ranks
+    exchange the rest over the checkpointer's gloo group (the filesystem sees each byte once).
+    ``read_all``: every rank reads all of it (no network traffic; N times the filesystem reads).
+    Sharded (DTensor) state is always read by the ranks that need it, each byte range once."""
 
     def __post_init__(self) -> None:
         if not str(self.dir):
@@ -97,6 +102,8 @@ class CheckpointConfig:
             raise UsageError(f"CheckpointConfig.keep_every must be >= 0 (0 = off), got {self.keep_every}")
         if not self.agreement_timeout_s > 0:
             raise UsageError(f"CheckpointConfig.agreement_timeout_s must be > 0, got {self.agreement_timeout_s}")
+        if self.restore_mode not in RESTORE_MODES:
+            raise UsageError(f"CheckpointConfig.restore_mode must be one of {RESTORE_MODES}, got {self.restore_mode!r}")
         if not self.abandoned_after_s > 0:
             raise UsageError(f"CheckpointConfig.abandoned_after_s must be > 0, got {self.abandoned_after_s}")
         if self.free_space_margin < 1.0:
@@ -178,14 +185,17 @@ class Checkpointer:
         except (TypeError, ValueError) as exc:
             raise UsageError(f"save(data_state=...) must be JSON-serialisable: {exc}") from None
         states = {
-            n: o.state_dict() for n, o in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)) if o is not None
+            n: o.state_dict()
+            for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler))
+            if o is not None
         }
         if extra is not None:
             states["extra"] = extra
         tensors: tp.Dict[str, torch.Tensor] = {}
         trees = {name: flatten(state, name, tensors) for name, state in states.items()}
-        lay = layout(tensors)
-        pieces = split_replicated(lay, self.rank, self.world_size)
+        plain, sharded, sharded_bytes, sig = self._split_sharded(tensors)
+        lay = layout(plain)
+        pieces = split_replicated(lay, self.rank, self.world_size) + sharded
         local: tp.Dict[str, torch.Tensor] = {}
         local_tree = {"rng": flatten(capture_rng(), "local/rng", local)}
         local_pieces = whole(local)
@@ -201,15 +211,20 @@ class Checkpointer:
         if self.rank == 0:
             header["trees"] = trees
         header_bytes = encode_header(header)
-        total = lay.total + self.world_size * (
-            len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries)
+        total = (
+            lay.total
+            + sharded_bytes
+            + self.world_size
+            * (len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries))
         )
         # async: copy everything into the reused host arena (pinned on a GPU) and return right after the
         # copy; blocking: the caller waits for the commit, so large CPU tensors are written straight from
         # their own memory and only the small ones are copied (coalesced into a few large writes)
         chunks = self._stager.stage(pieces, entries, data_size, direct_min=SMALL_PIECE_BYTES if blocking else None)
-        plan = ShardPlan(header_bytes, chunks, lay.digest, total)
+        digest = hashlib.sha1((lay.digest + repr(sig)).encode()).hexdigest() if sig else lay.digest
+        plan = ShardPlan(header_bytes, chunks, digest, total)
         manifest_extra = {
+            "format_version": 2 if sig else 1,  # 1 when nothing is sharded: older hpctrain reads it
             "run_id": self.run_id,
             "data_state": data_state,
             "time": time.time(),
@@ -224,6 +239,34 @@ class Checkpointer:
         self._abort.clear()
         self._writer.submit(lambda: self._commit(step, plan, manifest_extra))
         return None
+
+    def _split_sharded(
+        self, tensors: tp.Dict[str, torch.Tensor]
+    ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[Piece], int, tp.List[tp.Any]]:
+        """Plain (replicated) tensors, this rank's chunks of sharded DTensors (box pieces), the sharded
+        bytes of all ranks together, and the global signature of the sharded ones (the same on every rank)."""
+        plain: tp.Dict[str, torch.Tensor] = {}
+        pieces: tp.List[Piece] = []
+        total, sig = 0, []
+        for key, t in tensors.items():
+            if not is_dtensor(t):
+                plain[key] = t
+                continue
+            check_placements(key, t)
+            if fully_replicated(t):
+                plain[key] = t.to_local()
+                continue
+            name, es = _dtype_info(t.dtype)
+            sig.append((key, name, tuple(t.shape)))
+            total += t.numel() * es
+            box = local_box(t)
+            if box is None or not writes_chunk(t):
+                continue
+            n = tensor_bytes(t.to_local()) // es
+            if n == 0 and not (t.numel() == 0 and self.rank == 0):  # an empty chunk; rank 0 records an empty tensor
+                continue
+            pieces.append(Piece(key, t.to_local().detach(), 0, n, name, es, box, tuple(t.shape)))
+        return plain, pieces, total, sig
 
     def _commit(self, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any]) -> Path:
         cfg = self.config
@@ -324,21 +367,37 @@ class Checkpointer:
                 )
             common = [step]
         quarantined: tp.List[int] = []
+        targets = [
+            (n, o) for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler)) if o is not None
+        ]
         for s in common:
             path = self.root / step_name(s)
+            index: tp.Optional[Index] = None
             try:
-                loaded, err = self._load(path), ""
+                index, err = build_index(path), ""
             except CheckpointFormatError as exc:
-                loaded, err = None, f"rank {self.rank}: {exc}"
+                err = f"rank {self.rank}: {exc}"
             except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
-                loaded, err = None, f"rank {self.rank}: {path.name}: {type(exc).__name__}: {exc}"
-            ok = self._comm.all_gather_ints([0 if err else 1])
-            errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
+                err = f"rank {self.rank}: {path.name}: {type(exc).__name__}: {exc}"
+            errors = self._agree(err)
             if not errors:
-                assert loaded is not None
-                return self._apply(
-                    s, path, loaded, quarantined, model, optimizer, scheduler, scaler, map_location, strict, restore_rng
+                assert index is not None
+                p: tp.Optional[Plan] = None
+                try:  # metadata only: a checkpoint that does not fit the objects fails here, nothing read or loaded
+                    p, err = plan(index, s, targets, strict, self.rank), ""
+                except HpctrainError as exc:
+                    err = str(exc)
+                mismatch = self._agree(err)
+                if mismatch:
+                    raise HpctrainError(mismatch[0])
+                assert p is not None
+                tensors, errors = read(
+                    index, p, self._comm, mode=self.config.restore_mode, verify=self.config.verify_checksums
                 )
+                if not errors:
+                    return self._apply(
+                        s, path, index, p, tensors, quarantined, targets, map_location, strict, restore_rng
+                    )
             log.error(
                 "hpctrain.ckpt: CHECKPOINT STEP %d IS CORRUPT, quarantining it and falling back: %s", s, errors[0]
             )
@@ -356,117 +415,44 @@ class Checkpointer:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)
         return None
 
-    def _load(self, path: Path) -> tp.Tuple[Index, tp.Dict[str, torch.Tensor], tp.Any]:
-        """Read and check every shard into fresh memory (the caller's objects are not touched).
-
-        The index (manifest, sizes, headers, piece tiling, trees) is the one ``ckpt verify`` builds.
-        Tensors come back as views into the read buffers, except tensors split across shards, whose
-        pieces are read straight into one tensor (no assembly copy). This rank checks the crc32 of
-        1/world of the shards."""
-        index = build_index(path)
-        n = len(index.shards)
-        stored: tp.Dict[str, StoredTensor] = dict(index.tensors)
-        if self.rank < n:
-            stored.update(index.local[self.rank])  # this rank's own RNG state, not the others'
-        # tensors stored in several pieces get their final memory now; reads land there directly
-        split = {k: torch.empty(t.numel, dtype=DTYPES[t.dtype]) for k, t in stored.items() if len(t.pieces) > 1}
-        direct: tp.List[tp.List[tp.Tuple[int, memoryview]]] = [[] for _ in range(n)]
-        for k, out in split.items():
-            base, es = out.data_ptr(), out.element_size()
-            for p in stored[k].pieces:
-                if p.nbytes:
-                    view = memoryview((ctypes.c_char * p.nbytes).from_address(base + p.start * es)).cast("B")
-                    direct[p.shard].append((p.pos, view))
-        bufs: tp.List[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * n
-        for k in range(n):  # rank r starts at shard r: the ranks read different files in parallel
-            i = (self.rank + k) % n
-            s = index.shards[i]
-            buf = torch.empty(s["bytes"], dtype=torch.uint8)  # pages under direct-read holes are never touched
-            whole = memoryview(buf.numpy())
-            segments: tp.List[memoryview] = []
-            pos = 0
-            for off, dst in sorted(direct[i], key=lambda d: d[0]):
-                segments += [whole[pos:off], dst]
-                pos = off + dst.nbytes
-            segments.append(whole[pos:])
-            crc = 0
-            check = self.config.verify_checksums and i % self.world_size == self.rank % n
-            with index.open_shard(i) as f:
-                try:
-                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                except (OSError, AttributeError):  # a hint only (not every kernel/sandbox has it)
-                    pass
-                for seg in segments:
-                    _read_exact(f, seg, f"{path.name}/{s['file']}")
-                    if check:
-                        crc = crc32(seg, crc)
-                if f.read(1):
-                    raise CheckpointFormatError(f"{path.name}/{s['file']}: grew while reading")
-            if check and crc != s["crc32"]:
-                raise CheckpointFormatError(f"{path.name}/{s['file']}: checksum mismatch (corrupted shard)")
-            if bytes(whole[: len(MAGIC)]) != MAGIC:
-                raise CheckpointFormatError(f"{path.name}/{s['file']}: not an hpctrain shard (changed while reading?)")
-            bufs[i] = buf
-        tensors: tp.Dict[str, torch.Tensor] = {}
-        typed: tp.Dict[tp.Tuple[int, str], torch.Tensor] = {}
-        for key, t in stored.items():
-            if key in split:
-                tensors[key] = split[key].view(t.shape)
-                continue
-            p = t.pieces[0]
-            tv = typed.get((p.shard, t.dtype))
-            if tv is None:  # one typed view per shard and dtype (offsets are 64-byte aligned)
-                es = DTYPE_SIZES[t.dtype]
-                buf = bufs[p.shard]
-                tv = typed[(p.shard, t.dtype)] = buf[: buf.numel() // es * es].view(DTYPES[t.dtype])
-            strides, acc = [], 1
-            for d in reversed(t.shape):
-                strides.append(acc)
-                acc *= max(d, 1)
-            tensors[key] = torch.as_strided(
-                tv, t.shape, strides[::-1], tv.storage_offset() + p.pos // tv.element_size()
-            )
-        return index, tensors, index.local_trees[self.rank] if self.rank < n else None
+    def _agree(self, err: str) -> tp.List[str]:
+        """Every rank's error ([] when none failed): one small collective, a second only on failure."""
+        ok = self._comm.all_gather_ints([0 if err else 1])
+        return [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
 
     def _apply(
         self,
         s: int,
         path: Path,
-        loaded: tp.Any,
+        index: Index,
+        p: Plan,
+        tensors: tp.Dict[str, tp.Any],
         quarantined: tp.List[int],
-        model: tp.Any,
-        optimizer: tp.Any,
-        scheduler: tp.Any,
-        scaler: tp.Any,
+        targets: tp.List[tp.Tuple[str, tp.Any]],
         map_location: tp.Any,
         strict: bool,
         rng: bool,
     ) -> RestoreResult:
-        """Check what was loaded against the caller's objects, then load it into them: the model last, after
-        its keys, shapes and dtypes were checked, so that a checkpoint that does not fit changes nothing in it."""
-        index, tensors, local_tree = loaded
-        trees, manifest = index.trees, index.manifest
-        targets = [(n, o) for n, o in zip(_STATE_NAMES, (model, optimizer, scheduler, scaler)) if o is not None]
-        for name, _ in targets:
-            if name not in trees:
-                raise HpctrainError(f"checkpoint step {s} holds no {name} state (it has: {', '.join(sorted(trees))})")
-        states = {name: unflatten(trees[name], tensors) for name, _ in targets}  # trees were checked by the index
-        if model is not None:
-            _check_fits_model(s, model, states["model"], strict)
+        """Load what was read (and checked against the objects by ``plan``) into the caller's objects, all or
+        nothing: a load_state_dict that still fails puts back what the earlier ones changed."""
+        manifest = index.manifest
+        states = {name: fill(p.skeletons[name], tensors) for name, _ in targets}
         extra = None
-        if "extra" in trees:
-            extra = unflatten(
-                trees["extra"], {k: v.to(map_location) for k, v in tensors.items() if k.startswith("extra")}
+        if "extra" in p.skeletons:
+            extra = fill(
+                p.skeletons["extra"], {k: v.to(map_location) for k, v in tensors.items() if k.startswith("extra")}
             )
-        # All or nothing: the scheduler and scaler (small; their load_state_dict may change them before it
-        # fails) first, with a copy of their state to put back; then the optimizer (torch checks its state
-        # dict before changing anything); the model last (checked above).
+        # The scheduler and scaler (small; their load_state_dict may change them before it fails) first, with
+        # a copy of their state to put back; then the optimizer (torch checks its state dict before changing
+        # anything; its previous state tensors are kept, not copied, to put back); the model last.
         order = {"scheduler": 0, "scaler": 1, "optimizer": 2, "model": 3}
         undo: tp.List[tp.Tuple[tp.Any, tp.Any, tp.Any]] = []
         for name, obj in sorted(targets, key=lambda t: order[t[0]]):
             try:
                 if name in ("scheduler", "scaler"):  # attributes (a load may add some) and state (some change in place)
                     undo.append((obj, copy.copy(getattr(obj, "__dict__", None)), copy.deepcopy(obj.state_dict())))
+                elif name == "optimizer":
+                    undo.append((obj, None, obj.state_dict()))
                 obj.load_state_dict(states[name], strict=strict) if name == "model" else obj.load_state_dict(
                     states[name]
                 )
@@ -481,6 +467,7 @@ class Checkpointer:
                 raise HpctrainError(
                     f"checkpoint step {s} does not fit the {name} passed to restore(): {first}"
                 ) from exc
+        local_tree = index.local_trees[self.rank] if self.rank < len(index.shards) else None
         rng_restored = False
         if rng and local_tree is not None and "rng" in local_tree:
             skipped = restore_rng(unflatten(local_tree["rng"], tensors))
@@ -508,36 +495,7 @@ class Checkpointer:
         )
 
 
-def _check_fits_model(step: int, model: tp.Any, state: tp.Any, strict: bool) -> None:
-    """The saved model state has the keys (when strict), shapes and dtype kinds of ``model.state_dict()``:
-    ``load_state_dict`` copies tensor by tensor, so a mismatch found there would leave the model half loaded."""
-    target = model.state_dict()
-    where = f"checkpoint step {step} does not fit the model passed to restore()"
-    if not isinstance(state, dict):
-        raise HpctrainError(f"{where}: the saved model state is a {type(state).__name__}, not a dict")
-    if strict:
-        missing = [k for k in target if k not in state]
-        unexpected = [k for k in state if k not in target]
-        if missing or unexpected:
-            raise HpctrainError(
-                f"{where}: missing keys {missing[:3]}, unexpected keys {unexpected[:3]} (pass strict=False to allow)"
-            )
-    for key, want in target.items():
-        got = state.get(key)
-        if not isinstance(want, torch.Tensor) or got is None:
-            continue
-        if not isinstance(got, torch.Tensor):
-            raise HpctrainError(f"{where}: {key} is saved as a {type(got).__name__}, not a tensor")
-        if got.shape != want.shape:
-            raise HpctrainError(f"{where}: {key} has shape {list(got.shape)} saved, {list(want.shape)} in the model")
-        if got.dtype != want.dtype and not (got.dtype.is_floating_point and want.dtype.is_floating_point):
-            raise HpctrainError(f"{where}: {key} is {got.dtype} saved, {want.dtype} in the model")
-
-
-def _read_exact(f: tp.BinaryIO, view: memoryview, name: str) -> None:
-    got = 0
-    while got < view.nbytes:
-        n = f.readinto(view[got:])
-        if not n:
-            raise CheckpointFormatError(f"{name}: truncated while reading")
-        got += n
+def _unwrap(model: tp.Any) -> tp.Any:
+    """A DDP wrapper's module: its state is saved and restored without the ``module.`` prefix, so that the
+    same checkpoint loads into the bare model, DDP or FSDP2 (which keeps the parameter names)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model

@@ -1,0 +1,78 @@
+"""Sharded state (DTensor: FSDP2 ``fully_shard``, tensor parallel): which chunk a rank writes and which it needs.
+
+A DTensor's local chunk is a box of the global tensor (offsets and lengths per dimension, from torch's own
+``compute_local_shape_and_global_offset``). On save, a rank writes its chunk when it is the lowest rank
+holding it (coordinate 0 on every mesh dimension where the placement is ``Replicate``); a fully replicated
+DTensor is plain replicated state (split over all ranks like DDP state). On restore, the target DTensor
+says which box this rank needs; the reader fills it from whatever pieces overlap it.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import torch
+
+from hpctrain.ckpt._boxes import Box
+from hpctrain.errors import UsageError
+
+__all__ = ["is_dtensor", "fully_replicated", "local_box", "writes_chunk", "from_local", "check_placements"]
+
+
+def _dtensor_type() -> tp.Any:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    return DTensor
+
+
+def is_dtensor(t: tp.Any) -> bool:
+    cls = _dtensor_type()
+    return cls is not None and isinstance(t, cls)
+
+
+def check_placements(key: str, t: tp.Any) -> None:
+    """Placements hpctrain can store as boxes: Shard(dim) and Replicate (a Partial sum is not a value yet;
+    a _StridedShard chunk, FSDP and TP sharding the same dim, is not a box)."""
+    for p in t.placements:
+        name = type(p).__name__
+        if name not in ("Shard", "Replicate"):
+            raise UsageError(
+                f"cannot checkpoint {key}: DTensor placement {p} is not supported (only Shard(dim) and Replicate; "
+                "shard FSDP and tensor parallel on different dims, reduce Partial values first)"
+            )
+
+
+def fully_replicated(t: tp.Any) -> bool:
+    return all(type(p).__name__ == "Replicate" for p in t.placements)
+
+
+def local_box(t: tp.Any) -> tp.Optional[Box]:
+    """This rank's chunk of DTensor ``t``, or None when this rank is not in its mesh."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if t.device_mesh.get_coordinate() is None:
+        return None
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return tuple(int(o) for o in offset), tuple(int(n) for n in shape)
+
+
+def writes_chunk(t: tp.Any) -> bool:
+    """Whether this rank is the lowest of the ranks holding its chunk (coordinate 0 where replicated)."""
+    coord = t.device_mesh.get_coordinate()
+    if coord is None:
+        return False
+    return all(c == 0 for c, p in zip(coord, t.placements) if type(p).__name__ == "Replicate")
+
+
+def from_local(local: torch.Tensor, like: tp.Any) -> tp.Any:
+    """A DTensor with ``like``'s mesh, placements and global shape around ``local`` (no communication)."""
+    cls = _dtensor_type()
+    strides, acc = [], 1
+    for d in reversed(like.shape):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return cls.from_local(
+        local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=tuple(strides[::-1])
+    )

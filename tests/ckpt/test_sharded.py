@@ -1,0 +1,128 @@
+"""Sharded state (FSDP2 / DTensor on CPU gloo): save chunks, reshard on restore, read once, verify together.
+
+Two spawned worlds carry every multi-rank check (each spawn costs seconds on a loaded machine): world 4
+writes DDP, FSDP and 2x2-mesh checkpoints; world 2 reshards them, checks unmappable layouts, the
+read-once fault fallback, and a SIGKILL during a sharded save. The rest runs in this process (world 1).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from hpctrain.ckpt import CheckpointConfig, Checkpointer, latest_committed
+from hpctrain.ckpt._reader import build_index, digest_dir, verify_dir
+from hpctrain.errors import CheckpointFormatError
+from tests.ckpt import sharded_workers as sw
+from tests.multiproc import run_world
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sharded")
+    four = run_world(sw.world4, 4, str(root)).results
+    res = run_world(sw.world2, 2, str(root), allow_failures=True, timeout=240)
+    two = [json.loads((root / f"result-{r}.json").read_text()) for r in range(2)]
+    return root, four, two, res.exitcodes
+
+
+def test_fsdp2_and_2d_mesh_round_trips_bit_exact_at_the_same_and_other_world_sizes(worlds):
+    root, four, two, _ = worlds
+    plain, h3 = four[0]["plain"], four[0]["h3"]
+    for r in four:  # global values: every rank computes the same hashes
+        assert r["ddp_into_fsdp"] == plain  # DDP (plain, replicated) -> FSDP2 on 4
+        assert r["resumed"] == [3, h3]  # FSDP2 4 -> 4
+        assert r["continued"] == r["h5"]  # training after the restore continues bit-exactly
+        assert r["fsdp4_into_2x2"] == h3  # FSDP 4 -> 2x2 mesh (Shard(0) x Shard(1))
+    for r in two:
+        assert r["fsdp4_into_fsdp2"] == [3, h3]  # FSDP 4 -> 2
+        assert r["tp2x2_into_fsdp2"] == h3  # 2x2 mesh -> FSDP 2 (read_all mode)
+        assert r["fsdp2_into_fsdp2"] == h3  # 2 -> 2
+        assert r["fsdp4_into_plain"] == h3  # FSDP -> plain (DDP) model
+    assert plain != h3
+    # each rank wrote only its own chunks: every sharded tensor is stored as boxes, never gathered
+    index = build_index(root / "fsdp4" / "step-000000003")
+    w = index.tensors["model/0.weight"]
+    assert w.sharded and sorted(p.box for p in w.pieces) == [((r * 3, 0), (n, 8)) for r, n in enumerate([3, 3, 3, 1])]
+    assert {p.shard for p in w.pieces} == {0, 1, 2, 3}
+    assert index.manifest["format_version"] == 2
+    assert build_index(root / "ddp4" / "step-000000001").manifest["format_version"] == 1
+
+
+def test_digest_is_independent_of_world_size_and_sharding(worlds):
+    root = worlds[0]
+    ddp, fsdp = digest_dir(root / "ddp4" / "step-000000001"), digest_dir(root / "fsdp4-same" / "step-000000001")
+    assert ddp == fsdp and set(ddp) == {"model", "optimizer", "extra", "data_state"}
+    assert digest_dir(root / "fsdp4" / "step-000000003")["model"] != ddp["model"]
+
+
+def test_restore_a_sharded_checkpoint_on_one_process(worlds):
+    """N -> 1 without a process group: the chunks are assembled into plain tensors."""
+    root, four, _, _ = worlds
+    model = sw.make(11)
+    opt = sw.adamw(model)
+    res = Checkpointer(CheckpointConfig(dir=root / "fsdp4")).restore(model=model, optimizer=opt)
+    assert res.step == 3 and res.saved_world_size == 4 and res.extra == {"note": "same"}
+    assert sw.full_hash(model, opt) == four[0]["h3"]
+
+
+def test_unmappable_layouts_fail_naming_the_tensor_and_load_nothing(worlds):
+    errors = worlds[2][0]["errors"]
+    wrong_shape, wrong_shape_untouched, missing, missing_untouched = errors
+    assert "0.weight has global shape [10, 8] saved, [11, 8] here" in wrong_shape and "\n" not in wrong_shape
+    assert "missing keys []" in missing and "2.bias" in missing and "\n" not in missing
+    assert wrong_shape_untouched is True and missing_untouched is True
+
+
+def test_read_once_fault_on_one_rank_makes_every_rank_fall_back(worlds):
+    root, _, two, _ = worlds
+    assert [r["fault_fallback"] for r in two] == [[2, [3]], [2, [3]]]
+    assert any(p.name.startswith("step-000000003.quarantined") for p in (root / "fsdp2").iterdir())
+
+
+def test_sigkill_during_a_sharded_save_leaves_the_previous_step_loadable(worlds):
+    root, _, two, exitcodes = worlds
+    assert exitcodes[1] == -9 and ("not committed" in two[0]["kill"] or "agreement failed" in two[0]["kill"])
+    assert latest_committed(root / "kill") == (3, root / "kill" / "step-000000003")
+    model = sw.make(12)
+    res = Checkpointer(CheckpointConfig(dir=root / "kill")).restore(model=model)
+    assert res.step == 3 and res.saved_world_size == 2
+
+
+def test_flipped_byte_in_a_sharded_piece_is_detected(worlds, tmp_path):
+    root, four, _, _ = worlds
+    d = tmp_path / "ck"
+    shutil.copytree(root / "fsdp4", d)
+    step = d / "step-000000003"
+    index = build_index(step)
+    p = index.tensors["optimizer/state/0/exp_avg"].pieces[1]  # rank 1's chunk of a sharded optimizer moment
+    shard = step / index.shards[p.shard]["file"]
+    raw = bytearray(shard.read_bytes())
+    raw[p.pos + 5] ^= 0x10
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointFormatError, match="checksum mismatch"):
+        verify_dir(step)
+    model = sw.make(13)
+    res = Checkpointer(CheckpointConfig(dir=d)).restore(model=model, optimizer=sw.adamw(model))
+    assert res is None  # the only step was quarantined, nothing loaded
+    assert any(x.name.startswith("step-000000003.quarantined") for x in d.iterdir())
+
+
+def test_latest_committed_is_none_without_checkpoints(tmp_path):
+    assert latest_committed(tmp_path / "absent") is None and latest_committed(tmp_path) is None
+
+
+def test_unsupported_dtensor_placement_is_refused_with_a_clear_error():
+    from torch.distributed.tensor import Partial
+
+    class Fake(torch.Tensor):
+        placements = (Partial(),)
+
+    from hpctrain.ckpt._dtensor import check_placements
+    from hpctrain.errors import UsageError
+
+    with pytest.raises(UsageError, match="Partial"):
+        check_placements("model/w", Fake())
