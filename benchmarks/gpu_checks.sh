@@ -25,5 +25,6 @@ run ddp 200 python3 benchmarks/gpu_check_ddp.py --out /tmp/gpu-ddp
 cp /tmp/gpu-ddp/probe.log /tmp/gpu-ddp/demo.log "$out/" 2>/dev/null
 run ckpt 150 python3 benchmarks/gpu_check_ckpt.py --out /tmp/gpu-ckpt
 run loader 150 python3 benchmarks/gpu_check_loader.py --out /tmp/gpu-loader
+run sharded 200 python3 benchmarks/gpu_check_sharded.py --out /tmp/gpu-sharded
 for f in "$out"/*.json; do echo "--- $f"; cat "$f"; done
 exit $rc
