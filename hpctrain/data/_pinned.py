@@ -94,12 +94,14 @@ class PinnedRing:
         return out
 
     def close(self) -> None:
-        """Wait for the copies in flight, drop the pinned buffers and the side stream, and return the
+        """Drop the pinned buffers, wait for the copies in flight, drop the side stream, and return the
         pinned memory to the system. Idempotent; the ring is rebuilt if used again."""
-        had = bool(self._ring)
-        events = [ev for _bufs, ev in self._ring if ev is not None]
-        self._ring, self._stream, self._next = [], None, 0  # the last references to the buffers
-        for ev in events:
-            ev.synchronize()
+        stream = self._stream
+        had, self._ring, self._next = bool(self._ring), [], 0  # the last references to the pinned buffers
+        if stream is not None:
+            # every copy that read a buffer, and the events torch's host allocator recorded on this
+            # stream when the buffers were freed, are done: the blocks are free, not pending
+            stream.synchronize()
+        self._stream = None
         if had:
             self._cuda.empty_host_cache()  # freed pinned blocks stay cached (and pinned) otherwise

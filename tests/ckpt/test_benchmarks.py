@@ -26,7 +26,7 @@ def test_gpu_check_fails_cleanly_without_cuda(tmp_path):
         env=ENV,
         timeout=120,
     )
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip() == "gpu_check_ckpt: CUDA is not available on this machine; run this check on a GPU node"
 
 

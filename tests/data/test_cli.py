@@ -88,7 +88,7 @@ def test_gpu_check_fails_cleanly_without_cuda(tmp_path):
         env=env,
         timeout=120,
     )
-    assert r.returncode == 3 and "CUDA" in r.stderr and r.stderr.strip().count("\n") == 0
+    assert r.returncode == 2 and "CUDA" in r.stderr and r.stderr.strip().count("\n") == 0
 
 
 def test_synth_into_a_missing_directory_is_a_one_line_error(tmp_path):

@@ -6,6 +6,7 @@ benchmarks/gpu_check_loader.py runs the same path on a real GPU."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import typing as tp
 
 import numpy as np
@@ -22,6 +23,9 @@ class FakeStream:
 
     def wait_event(self, ev: "FakeEvent") -> None:
         self.log.append(("wait", self.name, ev.n))
+
+    def synchronize(self) -> None:
+        self.log.append(("sync stream", self.name))
 
 
 class FakeEvent:
@@ -110,15 +114,16 @@ def test_without_a_stream_the_current_one_waits_and_buffers_are_reused_after_the
     assert all(("wait", "current", r[2]) in fake.log for r in records)
 
 
-def test_close_waits_for_copies_releases_buffers_and_empties_the_host_cache():
+def test_close_releases_buffers_waits_for_the_copy_stream_and_empties_the_host_cache():
     fake = FakeCuda()
     ring = PinnedRing(torch.device("cuda", 0), depth=3, backend=fake)
     for i in range(2):
         ring.deliver(_views(i))
-    evs = [e[2] for e in fake.log if e[0] == "record"]
+    buf = ring._ring[0][0]["x"]
     fake.log.clear()
     ring.close()
-    assert fake.log == [("sync", evs[0]), ("sync", evs[1]), ("empty_host_cache",)]
+    assert fake.log == [("sync stream", "copy"), ("empty_host_cache",)]
+    assert sys.getrefcount(buf) == 2  # the ring let go of it (this name and getrefcount's argument)
     assert ring.pinned_bytes == 0 and ring._stream is None
     fake.log.clear()
     ring.close()  # idempotent, and nothing to release
