@@ -206,8 +206,10 @@ def capture_rng() -> tp.Dict[str, tp.Any]:
         "numpy": [np_state[0], [int(x) for x in np_state[1]], int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state(),
     }
+    # the current device's generator only: the one this rank draws from. Saving every visible GPU's
+    # made a resume under another binding (all GPUs visible vs one per task) skip the CUDA state
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -243,17 +245,32 @@ def restore_rng(state: tp.Any) -> tp.List[str]:
         except (AttributeError, TypeError, ValueError, RuntimeError):
             skipped.append("torch (malformed state)")
     if "cuda" in state:
-        cuda = state["cuda"]
-        if not isinstance(cuda, list) or not all(isinstance(s, torch.Tensor) for s in cuda):
-            skipped.append("cuda (malformed state)")
-        elif torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
-            try:
-                torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8).clone() for s in cuda])
-            except (TypeError, ValueError, RuntimeError):
-                skipped.append("cuda (malformed state)")
-        else:
-            skipped.append(
-                "cuda (saved with %d devices, %d here)"
-                % (len(cuda), torch.cuda.device_count() if torch.cuda.is_available() else 0)
-            )
+        skipped += _restore_cuda_rng(state["cuda"])
     return skipped
+
+
+def _restore_cuda_rng(cuda: tp.Any) -> tp.List[str]:
+    """A tensor is the saving rank's current-device generator: it goes to this rank's current device,
+    whatever the binding (restore after the device is bound, as hpctrain's runtime does at init). A
+    list is an older checkpoint's every-visible-GPU states: restored only onto the same number of GPUs
+    (which entry was this rank's is not recorded)."""
+    if isinstance(cuda, torch.Tensor):
+        if not torch.cuda.is_available():
+            return ["cuda (no GPU here)"]
+        try:
+            # the index now, not torch's lazy default: a queued call would pick the device current at
+            # CUDA's first use, and a bad state would raise there instead of being skipped here
+            torch.cuda.set_rng_state(cuda.to("cpu", torch.uint8).clone(), torch.cuda.current_device())
+        except (TypeError, ValueError, RuntimeError):
+            return ["cuda (malformed state)"]
+        return []
+    if not isinstance(cuda, list) or not all(isinstance(s, torch.Tensor) for s in cuda):
+        return ["cuda (malformed state)"]
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if here != len(cuda):
+        return [f"cuda (saved with {len(cuda)} devices, {here} here)"]
+    try:
+        torch.cuda.set_rng_state_all([s.to("cpu", torch.uint8).clone() for s in cuda])
+    except (TypeError, ValueError, RuntimeError):
+        return ["cuda (malformed state)"]
+    return []
