@@ -124,7 +124,7 @@ def test_ckpt_check_round_catches_a_save_that_copies_after_returning(tmp_path, c
 
         def wait(self) -> None:
             step, kw = self.pending
-            self.real.save(step, **kw)
+            self.real.save(step, **{**kw, "blocking": True})
 
     check = load("gpu_check_ckpt")
     torn = Torn()
