@@ -1,20 +1,26 @@
 """Checkpoint benchmark: hpctrain vs the raw write/read ceiling vs torch.distributed.checkpoint vs torch.save.
 
-    python benchmarks/bench_checkpoint.py [--size-mb 256] [--world 4] [--json PATH] [--keep DIR] [--dir WORKDIR]
+    python benchmarks/bench_checkpoint.py [--size-mb 256] [--world 4] [--json PATH] [--keep DIR]
+        [--dir WORKDIR [--dir /dev/shm/WORKDIR ...]]
 
-One run, one filesystem, ``--world`` real processes on a gloo group (CPU). The state is model-like and
+One run per ``--dir`` (default: ``./bench_out`` on disk and ``/dev/shm/hpctrain-bench`` on tmpfs, side by
+side in one JSON object), ``--world`` real processes on a gloo group (CPU). The state is model-like and
 identical on every rank (as under DDP): ``--size-mb`` in total, one third parameters (a few tensors
 of tens of MB, about a thousand of a few KB) and two thirds an Adam-like optimizer state (exp_avg,
 exp_avg_sq per parameter + a step scalar). Every timing is wall time between two barriers.
 
 Measured (all in the same run):
-* ceiling: raw ``write``+``fsync`` of the same bytes split over the same ranks; raw cold read of the
-  checkpoint's files by every rank (what a replicated restore has to read);
+* ceiling: raw ``write``+``fsync`` of the same bytes split over the same ranks, into new files per save
+  with the same retention as the checkpoints (the newest 3 kept); raw cold reads of the checkpoint's
+  files: each rank its own shard (what a read-once restore must read) and every rank all of them (what
+  an every-rank-reads restore must read);
 * hpctrain: sync save, async save (blocking time; time until committed; second save = reused buffers),
-  restore (cold page cache: the files are evicted with ``posix_fadvise(DONTNEED)`` after fsync);
+  restore in both modes (cold page cache: the files are evicted with ``posix_fadvise(DONTNEED)`` after
+  fsync), and the bytes each restore read from the files (``restore_read_amplification`` = bytes read by
+  all ranks / checkpoint size; DCP's from ``/proc/self/io`` ``rchar``);
 * floor for async staging: one in-memory copy of the whole state (preallocated ``copy_``);
 * peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full
-  state on rank 0 + fsync.
+  state on rank 0 + fsync, into a new file per save, the newest 3 kept.
 
 Each figure is the best of ``--repeat`` rounds (3 by default: the machine may be shared), and every
 timed phase starts after ``sync`` and a short pause, so that no phase pays for the previous one's
@@ -28,6 +34,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import socket
 import sys
@@ -117,6 +124,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     import torch.distributed.checkpoint as dcp
 
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
+    from hpctrain.ckpt._reader import bytes_read
     from hpctrain.ckpt._state import flatten, split_replicated
 
     torch.set_num_threads(1)
@@ -154,9 +162,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     mine = split_replicated(tensors, rank, world)
     raw_dir = work / "raw"
 
+    raw_saves = [0]
+
+    def retain(paths: tp.Sequence[Path]) -> None:
+        """The same retention as the checkpointer's keep_last=3: older copies are deleted, never overwritten."""
+        for old in sorted(paths, key=lambda q: int(re.findall(r"\d+", q.name)[-1]))[:-3]:
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+
     def raw_write() -> None:
-        raw_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(raw_dir / f"rank{rank}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        raw_saves[0] += 1
+        d = raw_dir / f"save-{raw_saves[0]}"
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / f"rank{rank}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         pending = bytearray()
         for p in mine:
             view = memoryview(p.tensor.reshape(-1)[p.start : p.stop].view(torch.uint8).numpy())
@@ -172,6 +189,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             os.write(fd, pending)
         os.fsync(fd)
         os.close(fd)
+        if rank == 0:
+            retain(list(raw_dir.glob("save-*")))
 
     def one_round(rep: int) -> tp.List[Path]:
         timed("raw_write_s", raw_write)
@@ -205,19 +224,24 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         # -- raw cold read of the checkpoint's files (every rank reads all of them, as a replicated restore must)
         files = sorted((ck_dir / f"step-{base + 3:09d}").glob("*.shard"))
 
-        def raw_read() -> None:
-            for f in files:
+        def raw_read(which: tp.Sequence[Path]) -> None:
+            for f in which:
                 with open(f, "rb", buffering=0) as fh:
                     buf = torch.empty(os.fstat(fh.fileno()).st_size, dtype=torch.uint8)
                     fh.readinto(buf.numpy())
 
-        timed("raw_read_s", raw_read, before=lambda: evict(ck_dir))
-        model2 = {k: torch.zeros_like(v) for k, v in model.items()}
-        optim2: tp.Dict[str, tp.Any] = {"state": {}, "param_groups": []}
-        mh2, oh2 = Holder(model2, True), Holder(optim2, False)
-        r = timed("hp_restore_s", lambda: ck.restore(model=mh2, optimizer=oh2), before=lambda: evict(ck_dir))
-        assert r is not None and r.step == base + 3
-        assert all(torch.equal(model[k], model2[k]) for k in model)
+        timed("raw_read_s", lambda: raw_read(files), before=lambda: evict(ck_dir))
+        timed("raw_read_own_s", lambda: raw_read(files[rank :: len(files)]), before=lambda: evict(ck_dir))
+        for mode, name in (("read_once", "hp_restore_s"), ("read_all", "hp_restore_read_all_s")):
+            model2 = {k: torch.zeros_like(v) for k, v in model.items()}
+            optim2: tp.Dict[str, tp.Any] = {"state": {}, "param_groups": []}
+            mh2, oh2 = Holder(model2, True), Holder(optim2, False)
+            rck = cks[mode]
+            before = bytes_read()
+            r = timed(name, lambda c=rck, m=mh2, o=oh2: c.restore(model=m, optimizer=o), before=lambda: evict(ck_dir))
+            assert r is not None and r.step == base + 3
+            assert all(torch.equal(model[k], model2[k]) for k in model)
+            res[f"{name[:-2]}_bytes"] = sum(_gather(bytes_read() - before, world))
 
         # -- peers
         timed("dcp_save_s", lambda: dcp.save(state, checkpoint_id=str(dcp_dir / f"sync{rep}")))
@@ -236,35 +260,54 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 "param_groups": optim["param_groups"],
             },
         }
+        rchar = _rchar()
         timed(
             "dcp_load_s",
             lambda: dcp.load(target, checkpoint_id=str(dcp_dir / f"sync{rep}")),
             before=lambda: evict(dcp_dir),
         )
+        res["dcp_load_bytes"] = sum(_gather(_rchar() - rchar, world))
+        dcp_bytes = sum(f.stat().st_size for f in (dcp_dir / f"sync{rep}").iterdir())
+        res["dcp_checkpoint_bytes"] = dcp_bytes
+        if rank == 0:  # DCP keeps what the caller keeps: the same retention
+            retain([q for q in dcp_dir.iterdir() if q.name.startswith("sync")])
+            retain([q for q in dcp_dir.iterdir() if q.name.startswith("async")])
 
         def torch_save() -> None:
             if rank == 0:
-                path = work / "torch_save.pt"
+                path = work / f"torch_save-{rep}.pt"
                 torch.save(state, path)
                 fd = os.open(path, os.O_RDONLY)
                 os.fsync(fd)
                 os.close(fd)
+                retain(list(work.glob("torch_save-*.pt")))
 
         timed("torch_save_s", torch_save)
         return files
 
     ck_dir, dcp_dir = work / "hpctrain", work / "dcp"
     ck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=3))
+    cks = {
+        m: Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode=m)) for m in ("read_once", "read_all")
+    }
     mh, oh = Holder(model, True), Holder(optim, False)
     for rep in range(args.repeat):
         files = one_round(rep)
     ck.close()
+    for c in cks.values():
+        c.close()
     if rank == 0:
         res["state_bytes"] = nbytes
         res["checkpoint_bytes"] = sum(f.stat().st_size for f in files)
         Path(out).write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _rchar() -> int:
+    """Bytes this process read through read(2)/pread(2) so far (any file: the meter for DCP's reads)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
 
 
 def _gather(x: float, world: int) -> tp.List[float]:
@@ -275,21 +318,10 @@ def _gather(x: float, world: int) -> tp.List[float]:
     return out
 
 
-def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mb", type=float, default=256.0, help="total state size (params + optimizer), MiB")
-    p.add_argument("--world", type=int, default=4, help="number of ranks (processes)")
-    p.add_argument("--json", type=Path, help="also write the JSON result here")
-    p.add_argument("--keep", type=Path, help="leave hpctrain's committed checkpoints (the last 3) in this directory")
-    p.add_argument("--repeat", type=int, default=3, help="rounds; each figure is the best round (shared machines)")
-    p.add_argument("--settle-s", type=float, default=0.3, help="sync + pause before each timed phase")
-    p.add_argument("--dir", type=Path, help="working directory on the filesystem to test (default: ./bench_out)")
-    args = p.parse_args(argv)
+def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """One full measurement on the filesystem holding ``base``; None when a rank failed."""
     from hpctrain.ckpt._format import CRC32_IMPL  # torch-free
 
-    if args.size_mb <= 0 or args.world < 1 or args.repeat < 1:
-        p.error("--size-mb must be > 0, --world >= 1 and --repeat >= 1")
-    base = args.dir or Path("bench_out")
     base.mkdir(parents=True, exist_ok=True)
     args.dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=base)).resolve()
     with socket.socket() as s:
@@ -305,14 +337,16 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
             pr.join()
         if any(pr.exitcode for pr in procs) or not out.exists():
             print(f"bench_checkpoint: a rank failed (exit codes {[pr.exitcode for pr in procs]})", file=sys.stderr)
-            return 1
+            return None
         m = json.loads(out.read_text())
         gb = m["state_bytes"] / 1e9
         result = {
+            "dir": str(base),
             "world": args.world,
             "size_mb": args.size_mb,
             "repeat": args.repeat,
             "state_bytes": m["state_bytes"],
+            "checkpoint_bytes": m["checkpoint_bytes"],
             "crc32": CRC32_IMPL,  # isal (the [fast] extra) or zlib: the checksum cost in save and restore
             "times_s": {k: round(v, 4) for k, v in m.items() if k.endswith("_s")},
             "throughput_GBps": {
@@ -332,25 +366,62 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
             "async_first_block_vs_copy": m["hp_async1_block_s"] / m["copy_s"],
             "async_commit_vs_sync_save": m["hp_async_commit_s"] / m["hp_save_s"],
             "dcp_async_block_vs_dcp_save": m["dcp_async_block_s"] / m["dcp_save_s"],
-            "restore_vs_raw": m["raw_read_s"] / m["hp_restore_s"],
+            # read_once restore vs each rank reading its own shard (all the filesystem must deliver, once)
+            "restore_vs_raw": m["raw_read_own_s"] / m["hp_restore_s"],
+            # read_all restore vs every rank reading every shard (what that mode must read)
+            "restore_read_all_vs_raw_all": m["raw_read_s"] / m["hp_restore_read_all_s"],
+            "restore_read_once_vs_read_all": m["hp_restore_read_all_s"] / m["hp_restore_s"],
             "restore_vs_dcp": m["dcp_load_s"] / m["hp_restore_s"],
+            "restore_read_amplification": m["hp_restore_bytes"] / m["checkpoint_bytes"],
+            "restore_read_all_read_amplification": m["hp_restore_read_all_bytes"] / m["checkpoint_bytes"],
+            "dcp_load_read_amplification": m["dcp_load_bytes"] / m["dcp_checkpoint_bytes"],
         }
         result = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
         result["throughput_GBps"] = {k: round(v, 3) for k, v in result["throughput_GBps"].items()}
-        text = json.dumps(result, indent=2)
-        print(text)
-        if args.json:
-            args.json.write_text(text + "\n")
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             for entry in (args.dir / "hpctrain").iterdir():
                 shutil.move(str(entry), str(args.keep / entry.name))
-        return 0
+        return result
     finally:
         for pr in procs:
             if pr.is_alive():
                 pr.kill()
         shutil.rmtree(args.dir, ignore_errors=True)
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size-mb", type=float, default=256.0, help="total state size (params + optimizer), MiB")
+    p.add_argument("--world", type=int, default=4, help="number of ranks (processes)")
+    p.add_argument("--json", type=Path, help="also write the JSON result here")
+    p.add_argument("--keep", type=Path, help="leave hpctrain's committed checkpoints (the last 3) in this directory")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; each figure is the best round (shared machines)")
+    p.add_argument("--settle-s", type=float, default=0.3, help="sync + pause before each timed phase")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        action="append",
+        help="working directory on a filesystem to test; repeat for several (default: ./bench_out and "
+        "/dev/shm/hpctrain-bench: disk and tmpfs side by side)",
+    )
+    args = p.parse_args(argv)
+    if args.size_mb <= 0 or args.world < 1 or args.repeat < 1:
+        p.error("--size-mb must be > 0, --world >= 1 and --repeat >= 1")
+    dirs = args.dir or [Path("bench_out"), Path("/dev/shm/hpctrain-bench")]
+    results = {}
+    for d in dirs:
+        r = run_one(args, d)
+        args.keep = None  # --keep: the first filesystem's checkpoints
+        if r is None:
+            return 1
+        results["tmpfs" if str(d.resolve()).startswith("/dev/shm") else ("disk" if len(dirs) < 3 else str(d))] = r
+    final = next(iter(results.values())) if len(results) == 1 else results
+    text = json.dumps(final, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def _check_tensor(where: str, key: str, st: StoredTensor, target: tp.Any) -> Non
     if list(st.shape) != list(target.shape):
         raise HpctrainError(f"{where}: {key} has global shape {list(st.shape)} saved, {list(target.shape)} here")
     if not _kind_ok(st.dtype, target.dtype):
-        raise HpctrainError(f"{where}: {key} is {st.dtype} saved, {target.dtype} here")
+        raise HpctrainError(f"{where}: {key} is {DTYPES[st.dtype]} saved, {target.dtype} here")
 
 
 def _check_model(

@@ -113,7 +113,7 @@ def test_cli_never_imports_torch(ckdir):
 
 
 def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
-    assert sorted(hpctrain.ckpt.__all__) == ["CheckpointConfig", "Checkpointer", "RestoreResult"]
+    assert sorted(hpctrain.ckpt.__all__) == ["CheckpointConfig", "Checkpointer", "RestoreResult", "latest_committed"]
     for name in hpctrain.ckpt.__all__:
         assert getattr(hpctrain.ckpt, name) is not None
     for kw, needle in [
@@ -122,6 +122,7 @@ def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
         ({"agreement_timeout_s": 0}, "agreement_timeout_s"),
         ({"free_space_margin": 0.5}, "free_space_margin"),
         ({"lustre_stripe": "-c -1"}, "lustre_stripe"),
+        ({"restore_mode": "read_some"}, "restore_mode"),
     ]:
         with pytest.raises(UsageError, match=needle):
             hpctrain.ckpt.CheckpointConfig(dir=str(tmp_path), **kw)
