@@ -309,6 +309,8 @@ class StoredTensor(tp.NamedTuple):
 
     def runs(self, dst: Box, es: int) -> tp.List[tp.Tuple[int, int, int, int]]:
         """``(shard, file position, byte offset in dst, nbytes)`` runs that fill box ``dst`` (row-major)."""
+        if not self.sharded and dst == whole(self.shape):  # the common case: a replicated tensor, whole
+            return [(p.shard, p.pos, p.start * es, p.nbytes) for p in self.pieces]
         out = []
         if self.sharded:
             for p in self.pieces:
