@@ -227,7 +227,7 @@ def restore_rng(state: tp.Any) -> tp.List[str]:
             py_state = (v, tuple(internal), gauss)
             random.Random().setstate(py_state)
             random.setstate(py_state)
-        except (TypeError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError, IndexError):
             skipped.append("python (malformed state)")
     if "numpy" in state:
         try:
@@ -235,7 +235,7 @@ def restore_rng(state: tp.Any) -> tp.List[str]:
             np_state = (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
             np.random.RandomState().set_state(np_state)
             np.random.set_state(np_state)
-        except (TypeError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError, IndexError):  # numpy: a position past the key array
             skipped.append("numpy (malformed state)")
     if "torch" in state:
         try:

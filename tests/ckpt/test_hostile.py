@@ -299,3 +299,12 @@ def test_a_symlink_planted_at_the_tmp_name_never_redirects_a_durable_write(tmp_p
     monkeypatch.undo()
     atomic_write_text(tmp_path / "LATEST", "step-000000001\n")  # unpredictable names: nothing planted there
     assert (tmp_path / "LATEST").read_text() == "step-000000001\n"
+
+
+def test_rng_state_with_a_position_past_the_key_array_is_skipped():
+    from hpctrain.ckpt._state import capture_rng, restore_rng
+
+    state = capture_rng()
+    name, keys, _, has_gauss, cached = state["numpy"]
+    state["numpy"] = [name, keys[:623], 623, has_gauss, cached]  # numpy raises IndexError for this one
+    assert restore_rng(state) == ["numpy (malformed state)"]
