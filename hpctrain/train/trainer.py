@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import json
 import math
 import os
@@ -317,6 +318,8 @@ class Trainer:
         rec.start_interval(start)
         # a stop that came during start-up (restore, loader warm-up) is acted on before the first step
         stopped = collective and self.should_stop is not None and self.should_stop(step)
+        if not stopped and step < total:
+            batches = self._fix_ddp_buckets(model, module, batches, autocast)
         t_steps = time.perf_counter()
         while step < total and not stopped:
             timer.start()
@@ -423,6 +426,35 @@ class Trainer:
             )
         else:
             ckpt.wait()
+
+    def _fix_ddp_buckets(self, model, module, batches: tp.Iterator[Batch], autocast: tp.Any) -> tp.Iterator[Batch]:
+        """One zero-loss forward/backward before the first step of every attempt, so that resuming is bit-exact.
+
+        DDP reduces gradients in buckets laid out in reverse parameter order for its first backward, then
+        rebuilds them once in the order gradients became ready. An element's place in a bucket decides the
+        order in which the ranks' values are added (ring all-reduce), so with 3 or more ranks the first step
+        after a restart, on the initial layout, differs in the last bits from the same step of an
+        uninterrupted run, on the rebuilt one. This pass lets DDP record the ready order (the grads are
+        zeros and are dropped; eval mode and a forked RNG leave BatchNorm statistics, dropout and the random
+        streams as they were), so every real step of every attempt runs on the rebuilt layout. ``loss_fn``
+        sees this call with ``model.training`` False.
+        """
+        if not hasattr(model, "no_sync") or self.world_size < 3:
+            return batches  # no DDP, or two ranks: a + b == b + a, the layout cannot change a sum
+        first = next(batches, None)
+        if first is None:
+            return iter(())
+        was_training = model.training
+        model.eval()
+        devices = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else []
+        with torch.random.fork_rng(devices=devices):
+            with autocast:
+                loss = self.loss_fn(model, first)
+            (loss.float() * 0.0).backward()
+        model.train(was_training)
+        for p in module.parameters():
+            p.grad = None
+        return itertools.chain([first], batches)
 
     def _forward_backward(self, model, batch, autocast, scaler, accum) -> torch.Tensor:
         with autocast:
