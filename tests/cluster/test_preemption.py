@@ -134,7 +134,8 @@ def _figures(run_dir: Path, job_id: str) -> tp.List[tp.Dict[str, float]]:
         if not ex["requeued"]:
             continue
         r = ex["restart_count"]
-        manifest = run_dir / "checkpoints" / f"step-{ex['committed_step']:09d}" / "MANIFEST.json"
+        # the Trainer's end record of this attempt is written right after the stop save committed
+        ends = [e for e in _ledger(run_dir) if e["event"] == "end" and e["time"] <= ex["time"]]
         nxt = next(s for s in starts if s["restart_count"] == r + 1)
         rank0 = json.loads((run_dir / "ranks" / f"{job_id}-r{r + 1}" / "rank-0.json").read_text())
         first = _calls(run_dir, r + 1)[0]["t"]
@@ -142,9 +143,8 @@ def _figures(run_dir: Path, job_id: str) -> tp.List[tp.Dict[str, float]]:
         fig = {
             "cause": ex["cause"],
             "steps_lost": ex["agreed_step"] - ex["committed_step"],
-            "signal_to_commit_s": json.loads(manifest.read_text())["time"] - ex["signal_time"]
-            if manifest.exists()
-            else None,
+            "signal_to_commit_s": ends[-1]["time"] - ex["signal_time"] if ends and ex.get("signal_time") else None,
+            "stop_save_s": ends[-1]["last_save_s"] if ends else None,
             "slurm_restart_delay_s": proc_start - ex["time"],
             "process_start_s": rank0["joined_at"] - proc_start,
             "restore_s": nxt["time"] - rank0["joined_at"],

@@ -31,10 +31,11 @@ def submit(args, timeout=240):
 
 
 def sacct_state(job_id: str) -> str:
-    out = subprocess.run(
+    lines = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
-    ).stdout.split()
-    return out[-1] if out else ""
+    ).stdout.split("\n")
+    lines = [line for line in lines if line.strip()]
+    return lines[-1].split()[0] if lines else ""  # "CANCELLED by 0" -> CANCELLED
 
 
 def sacct_job_name(job_id: str, timeout: float = 30) -> str:
