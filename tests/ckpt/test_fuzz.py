@@ -19,7 +19,6 @@ import io
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from hpctrain.ckpt._reader import read_header, verify_dir
 from hpctrain.errors import CheckpointFormatError, HpctrainError
 from tests.ckpt import damage
 from tests.ckpt import workers as w
+from tests.fuzzing import bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("HPCTRAIN_FUZZ_SEED", "0"))
@@ -170,24 +170,6 @@ def mutate(rng: random.Random, step: Path) -> str:
         else:
             target.symlink_to(step / "nowhere")
     return kind
-
-
-class _Timeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def bounded(seconds: int) -> tp.Iterator[None]:
-    def on_alarm(*_: tp.Any) -> None:
-        raise _Timeout(f"did not finish within {seconds}s")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def run_cli_in_process(argv: tp.List[str]) -> tp.Tuple[int, str, str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import subprocess
 import sys
 import typing as tp
@@ -30,6 +29,7 @@ from hpctrain._cli import run_main
 from hpctrain.data import H5DataConfig, H5Loader
 from hpctrain.data.cli import main as data_main
 from hpctrain.errors import HpctrainError
+from tests.fuzzing import bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = int(os.environ.get("HPCTRAIN_FUZZ_CASES", "240"))
@@ -155,20 +155,6 @@ def _make_case(dirpath: Path, rng: np.random.Generator) -> tp.Tuple[Path, tp.Lis
     return path, muts
 
 
-@contextlib.contextmanager
-def deadline(seconds: int) -> tp.Iterator[None]:
-    def expired(*_: tp.Any) -> None:
-        raise TimeoutError(f"case took more than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def check_inspect(path: Path, muts: tp.List[str]) -> int:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -245,7 +231,7 @@ def test_fuzz_inspect_and_loader(tmp_path: Path) -> None:
         case_dir = tmp_path / f"c{case}"
         case_dir.mkdir()
         path, muts = make_case(case_dir, rng)
-        with deadline(CASE_TIMEOUT_S):
+        with bounded(CASE_TIMEOUT_S):
             code = check_inspect(path, muts)
             key = "x_link" if any(m.endswith("link") or m.startswith("vds") for m in muts) else "x"
             how = check_loader(path, key, muts, workers=1 if case % 10 == 0 else 0)
