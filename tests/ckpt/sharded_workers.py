@@ -7,7 +7,6 @@ a model sharded one way and restored another compares equal only when every elem
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import typing as tp
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.ckpt import Checkpointer
-from tests.ckpt.workers import cfg
+from tests.ckpt.workers import cfg, state_hash
 
 
 def make(seed: int) -> torch.nn.Module:
@@ -56,29 +55,8 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: tp.Iterable
 
 
 def full_hash(model: torch.nn.Module, opt: tp.Optional[torch.optim.Optimizer] = None) -> str:
-    """Hash of the global values (DTensors gathered: a test-side check, never what the checkpointer does)."""
-    h = hashlib.sha256()
-
-    def feed(obj: tp.Any) -> None:
-        if hasattr(obj, "full_tensor"):
-            obj = obj.full_tensor()
-        if isinstance(obj, torch.Tensor):
-            h.update(f"{obj.dtype}{list(obj.shape)}".encode())
-            h.update(obj.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if obj.numel() else b"")
-        elif isinstance(obj, dict):
-            for k in sorted(obj, key=str):
-                h.update(str(k).encode())
-                feed(obj[k])
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                feed(v)
-        else:
-            h.update(repr(obj).encode())
-
-    feed(model.state_dict())
-    if opt is not None:
-        feed(opt.state_dict())
-    return h.hexdigest()
+    """Hash of the global values (DTensors gathered by :func:`tests.ckpt.workers.state_hash`)."""
+    return state_hash(model, opt)
 
 
 def _restore(d: Path, model: torch.nn.Module, opt: tp.Any = None, **kw: tp.Any) -> tp.Any:

@@ -48,10 +48,15 @@ def build(seed: int, steps: int = 2) -> tp.Tuple[Net, torch.optim.Optimizer, tp.
 
 
 def state_hash(model: torch.nn.Module, opt: tp.Any = None, sched: tp.Any = None) -> str:
-    """Bitwise hash of model + optimizer tensors (+ scheduler) for equality across processes."""
+    """Bitwise hash of model + optimizer tensors (+ scheduler) for equality across processes.
+
+    DTensors are hashed by their global value (gathered: a test-side check, never what the checkpointer does),
+    so sharded and replicated copies of one state hash the same."""
     h = hashlib.sha256()
 
     def feed(obj: tp.Any) -> None:
+        if hasattr(obj, "full_tensor"):
+            obj = obj.full_tensor()
         if isinstance(obj, torch.Tensor):
             h.update(str(obj.dtype).encode() + str(list(obj.shape)).encode())
             h.update(obj.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if obj.numel() else b"")
