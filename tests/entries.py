@@ -38,6 +38,7 @@ def allreduce_probe(ctx):
         "backend": ctx.backend,
         "device": str(ctx.device),
         "args": list(ctx.args),
+        "cpu_threads": torch.get_num_threads(),
         "job_id": ctx.job_id,
         "master": f"{ctx.master_addr}:{ctx.master_port}",
         "time": time.time(),

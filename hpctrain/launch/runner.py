@@ -114,6 +114,7 @@ class Runner:
         from hpctrain.runtime.preemption import StopAgreement
 
         env = dist_env.from_environ()
+        threads = process_group.set_cpu_threads(env)
         device = process_group.select_device(env, self.gpus_per_node)
         backend = process_group.init_process_group(env, device, timeout_s=self.dist_timeout_s)
         joined = time.time()
@@ -136,14 +137,19 @@ class Runner:
             self._record_rank(ctx, started, joined)
             print(
                 f"hpctrain: rank {ctx.rank}/{ctx.world_size} on {ctx.hostname} (node {ctx.node_rank}, "
-                f"local {ctx.local_rank}, {device}, {backend}) joined {ctx.master_addr}:{ctx.master_port} "
-                f"in {joined - started:.2f}s; calling {self.entry}",
+                f"local {ctx.local_rank}, {device}, {backend}, {threads} cpu threads) joined "
+                f"{ctx.master_addr}:{ctx.master_port} in {joined - started:.2f}s; calling {self.entry}",
                 flush=True,
             )
             fn = load_entry(self.entry)
             result = fn(ctx)
         except BaseException as exc:  # classified below; re-raised unless the job was requeued
             error = exc
+        if error is None and agreement is not None:
+            try:
+                agreement.settle()  # its last poll's all-reduce: every rank sent it, so this returns at once
+            except Exception as exc:  # a peer went away after its entry returned: the end decides below
+                error = exc
         decision = agreement.decision if agreement is not None else None
         stop = None
         if decision is not None:

@@ -63,6 +63,8 @@ class DistEnv:
     """All hosts of the step, node_rank order."""
     launcher: str
     """'slurm', 'submitit-local', 'torchrun' or 'single'."""
+    cpus_per_task: tp.Optional[int] = None
+    """CPUs Slurm gave each task (``SLURM_CPUS_PER_TASK``, i.e. ``--cpus-per-task``); None when not set."""
 
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -210,6 +212,7 @@ def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
         restart_count=restart,
         hostnames=hosts,
         launcher="slurm",
+        cpus_per_task=_positive_or_none(environ.get("SLURM_CPUS_PER_TASK")),
     )
 
 
@@ -260,6 +263,10 @@ def _from_torchrun(environ: tp.Mapping[str, str]) -> DistEnv:
         hostnames=(addr,),
         launcher="torchrun",
     )
+
+
+def _positive_or_none(value: tp.Optional[str]) -> tp.Optional[int]:
+    return int(value) if value is not None and value.strip().isdigit() and int(value) > 0 else None
 
 
 def from_environ(environ: tp.Optional[tp.Mapping[str, str]] = None) -> DistEnv:

@@ -125,3 +125,19 @@ def test_submitit_local_and_torchrun_and_single():
         from_environ({"RANK": "0", "WORLD_SIZE": "2"})
     e = from_environ({})
     assert (e.rank, e.world_size, e.launcher) == (0, 1, "single")
+
+
+@pytest.mark.parametrize("value, expected", [("8", 8), ("0", None), ("", None), ("x", None), (None, None)])
+def test_slurm_cpus_per_task(value, expected):
+    assert from_environ(slurm_env(SLURM_CPUS_PER_TASK=value)).cpus_per_task == expected
+
+
+def test_cpu_threads_divide_the_node_among_its_ranks_unless_told():
+    from hpctrain.runtime.process_group import cpu_threads
+
+    env = from_environ(slurm_env())  # 2 tasks on this node, no --cpus-per-task
+    assert cpu_threads(env, {}, usable_cpus=16) == 8
+    assert cpu_threads(env, {}, usable_cpus=1) == 1  # never 0
+    with_cpt = from_environ(slurm_env(SLURM_CPUS_PER_TASK="6"))
+    assert cpu_threads(with_cpt, {}, usable_cpus=16) == 6  # Slurm's --cpus-per-task wins over the division
+    assert cpu_threads(with_cpt, {"OMP_NUM_THREADS": "3"}, usable_cpus=16) is None  # the user's setting stays

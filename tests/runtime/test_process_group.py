@@ -25,6 +25,10 @@ def test_runner_allreduce_and_ddp_step_on_real_processes(tmp_path):
     assert all(r["reduced"] == 6.0 and r["dist_world"] == 3 and r["backend"] == "gloo" for r in records)
     assert records[0]["weights"] == records[1]["weights"] == records[2]["weights"]  # DDP averaged the grads
     assert all(r["args"] == ["--x", "1"] for r in records)
+    # 3 ranks on this node share its CPUs instead of each starting one thread per core
+    if not os.environ.get("OMP_NUM_THREADS"):
+        expected = max(1, len(os.sched_getaffinity(0)) // 3)
+        assert all(r["cpu_threads"] == expected for r in records)
     # Every task left a record for the login-node tools.
     ranks = sorted(p.name for p in (tmp_path / "ranks").glob("*/rank-*.json"))
     assert ranks == ["rank-0.json", "rank-1.json", "rank-2.json"]
