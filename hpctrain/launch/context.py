@@ -22,7 +22,7 @@ class RunContext(DistEnv):
 
     Inherits every :class:`~hpctrain.runtime.env.DistEnv` field: ``rank``, ``local_rank``,
     ``world_size``, ``local_world_size``, ``node_rank``, ``num_nodes``, ``master_addr``,
-    ``master_port``, ``job_id``, ``restart_count``, ``hostnames``, ``launcher``.
+    ``master_port``, ``job_id``, ``restart_count``, ``hostnames``, ``launcher``, ``cpus_per_task``.
     """
 
     run_dir: Path
@@ -44,7 +44,8 @@ class RunContext(DistEnv):
         """True on every rank at the same call once any rank received a stop signal (USR2 at the time-limit
         warning or at preemption, SIGTERM): save at this step and return from the entry.
 
-        **Collective**: every rank must call it at the same points (one small gloo all-reduce per call). The
+        **Collective**: every rank must call it at the same points (one small gloo all-reduce per call,
+        pipelined: a call acts on the previous call's answer, so a stop lands one call later). The
         Trainer calls it after every step and in its evaluation loop; a hand-written loop calls it once per
         step. False when the context has no stop agreement (not started by a Runner)."""
         if self.stop is None:

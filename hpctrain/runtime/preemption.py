@@ -97,9 +97,13 @@ class StopAgreement:
     """``should_stop(step)`` on every rank, every poll: True on all ranks at the same poll, or on none.
 
     The collective is a 2-int all-reduce (MAX) on a gloo group of its own (never the NCCL training group, so
-    it neither syncs a CUDA stream nor queues behind gradient buckets). Without an initialised process
-    group it is local. ``every`` > 1 polls the collective only every N calls (cheaper for tiny steps;
-    the stop then happens up to N-1 steps later).
+    it neither syncs a CUDA stream nor queues behind gradient buckets). It is **pipelined**: a poll sends
+    its flags without waiting and acts on those of the previous poll, whose all-reduce had a whole step to
+    finish. A blocking all-reduce per step cost 1.4 ms of a 4.4 ms step on 2 CPU ranks, and gloo's ring
+    grows with the world size; the price is that a stop lands one poll later (Slurm's warning comes a
+    minute or more ahead). The first poll waits for its own answer. Without an initialised process group
+    it is local and immediate. ``every`` > 1 polls the collective only every N calls (the stop then
+    happens up to 2N-1 steps after the signal).
     """
 
     def __init__(self, signals: StopSignals, *, every: int = 1, timeout_s: float = 600.0) -> None:
@@ -111,6 +115,7 @@ class StopAgreement:
         self._calls = 0
         self.decision: tp.Optional[StopDecision] = None
         self._group = None
+        self._in_flight: tp.Optional[tp.Tuple[tp.Any, tp.Any]] = None  # (work, tensor) of the last poll
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
@@ -135,17 +140,34 @@ class StopAgreement:
             return False
         first = self.signals.first
         mine = [1 if first else 0, first[0] if first else 0]
-        if self._group is not None:
-            import torch
-            import torch.distributed as dist
-
-            t = torch.tensor(mine, dtype=torch.int64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-            mine = t.tolist()
-        if mine[0]:
-            self.decision = StopDecision(step=step, signum=int(mine[1]))
+        agreed = mine if self._group is None else self._exchange(mine)
+        if agreed[0]:
+            self.decision = StopDecision(step=step, signum=int(agreed[1]))
             return True
         return False
+
+    def _exchange(self, mine: tp.List[int]) -> tp.List[int]:
+        """Send this poll's flags (not waited for); return the previous poll's agreed ones (none at the first)."""
+        import torch
+        import torch.distributed as dist
+
+        first_poll = self._calls == self.every
+        previous = self.settle()
+        t = torch.tensor(mine, dtype=torch.int64)
+        self._in_flight = (dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True), t)
+        # The first poll waits for its own answer: the Trainer polls once before the first step, so a signal
+        # that came during start-up (restore, loader warm-up) stops the run before any step is taken.
+        return self.settle() if first_poll else previous
+
+    def settle(self) -> tp.List[int]:
+        """Wait for the poll still in flight and return its agreed flags ([0, 0] when none is). The Runner
+        calls it after a clean end, so that no collective is pending when the process group goes."""
+        if self._in_flight is None:
+            return [0, 0]
+        work, t = self._in_flight
+        self._in_flight = None
+        work.wait()
+        return [int(v) for v in t.tolist()]
 
 
 def classify_stop(signum: int, *, elapsed_s: float, time_limit_s: tp.Optional[float], lead_s: float) -> str:

@@ -47,7 +47,8 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(every):
     steps = {r[0] for r in results}
     assert len(steps) == 1 and None not in steps, results
     (stop,) = steps
-    assert 7 <= stop < 7 + every  # the poll after the signal, not an earlier or much later one
+    # pipelined: the poll after the one that carried the signal, never earlier, never much later
+    assert 7 < stop < 7 + 2 * every
     assert all(r[1] == signal.SIGUSR2 for r in results)
     assert [r[2] for r in results] == [False, True, False]  # only rank 1 was signalled
 
