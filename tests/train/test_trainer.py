@@ -180,6 +180,38 @@ def test_step_timer_charges_the_time_after_the_last_bucket_launch_to_exposed_com
     assert timer.take() == (0, 0.0, [0.0] * 5)  # taken: reset
 
 
+def _ddp_hook_probe(rank, world):
+    import torch
+
+    from hpctrain.train.metrics import MetricsRecorder
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    rec = MetricsRecorder(rank=rank, world_size=world, device="cpu", run_dir=None, total_steps=3)
+    launches = []
+    rec.timer.comm_launched = lambda: launches.append(1)  # count the stamps of each backward
+    rec.attach_ddp(ddp)
+    hooked = []
+    for _ in range(3):
+        launches.clear()
+        rec.timer.start()
+        ddp(torch.randn(5, 4)).sum().backward()
+        rec.timer.mark("forward_backward")
+        rec.step_done(torch.tensor(1.0), samples=5)
+        hooked.append(len(launches))
+    first_weight = next(net.parameters())
+    rec.close()
+    return hooked, len(rec._hooks), bool(first_weight._post_accumulate_grad_hooks)
+
+
+def test_exposed_communication_costs_one_gradient_hook_per_backward_after_the_first():
+    # The first backward hooks every parameter to learn which gradient is ready last (the first layer's
+    # weight or bias: backward runs in reverse); from then on one hook, on it, stamps each backward.
+    hooked, left, still_hooked = run_world(_ddp_hook_probe, 1).results[0]
+    assert hooked == [4, 1, 1] and left == 0 and not still_hooked  # close() removed it
+
+
 def test_what_the_trainer_cannot_do_is_one_clear_error(tmp_path):
     import torch
 
