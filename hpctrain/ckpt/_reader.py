@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import math
+import operator
 import os
 import stat
 import typing as tp
@@ -135,21 +137,39 @@ def _loads(raw: bytes, where: str, what: str) -> tp.Any:
         raise CheckpointFormatError(f"{where}: corrupt {what} ({str(exc)[:100]})") from None
     except RecursionError:
         raise CheckpointFormatError(f"{where}: {what} nested too deeply") from None
-    _check_depth(obj, where, what)
+    if not _shallow(raw):
+        _check_depth(obj, where, what)
     return obj
 
 
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_LEVEL = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _shallow(raw: bytes) -> bool:
+    """True when the (successfully parsed) JSON text ``raw`` nests containers at most MAX_JSON_DEPTH deep, from
+    its bytes at C speed: escaped backslashes and quotes removed (JSON escapes are 2 bytes, ``\\uXXXX`` has no
+    backslash or quote after the first), every byte but brackets and quotes deleted, the strings (now
+    between quote pairs) dropped, the running bracket level's maximum taken. False: :func:`_check_depth` decides."""
+    s = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    s = b"".join(s.split(b'"')[::2])
+    return max(itertools.accumulate(map(_LEVEL.__getitem__, s)), default=0) <= MAX_JSON_DEPTH
+
+
 def _check_depth(obj: tp.Any, where: str, what: str) -> None:
-    """Iteratively: nothing recursive (unflatten, json.dumps) ever meets JSON deeper than MAX_JSON_DEPTH."""
-    stack = [(obj, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
+    """Iteratively: nothing recursive (unflatten, json.dumps) ever meets JSON deeper than MAX_JSON_DEPTH.
+
+    Level by level over the containers only (a parsed header holds ~10 nodes per tensor: one list
+    comprehension per container, not one stack push per node)."""
+    level = [obj] if type(obj) is dict or type(obj) is list else []
+    depth = 0
+    while level:
+        if depth >= MAX_JSON_DEPTH and any(level):  # a non-empty container here has children deeper than the bound
             raise CheckpointFormatError(f"{where}: {what} nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
+        nxt: tp.List[tp.Any] = []
+        for node in level:
+            nxt += [v for v in (node.values() if type(node) is dict else node) if type(v) is dict or type(v) is list]
+        level, depth = nxt, depth + 1
 
 
 def _is_int(v: tp.Any, lo: int = 0, hi: tp.Optional[int] = None) -> bool:
@@ -216,6 +236,11 @@ def _manifest_problem(m: tp.Any, dir_name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- headers
 def _read_header_from(f: tp.BinaryIO, size: int, where: str) -> ShardHeader:
+    return _read_header_crc(f, size, where)[0]
+
+
+def _read_header_crc(f: tp.BinaryIO, size: int, where: str) -> tp.Tuple[ShardHeader, int]:
+    """The checked header, and the crc32 of the file's bytes before its data start (read once)."""
     prefix = f.read(HEADER_PREFIX.size)
     if len(prefix) < HEADER_PREFIX.size:
         raise CheckpointFormatError(f"{where}: truncated ({size} bytes, no header)")
@@ -224,28 +249,35 @@ def _read_header_from(f: tp.BinaryIO, size: int, where: str) -> ShardHeader:
         raise CheckpointFormatError(f"{where}: not an hpctrain shard (bad magic {magic[:8]!r})")
     if hlen > min(MAX_HEADER_BYTES, size - HEADER_PREFIX.size):
         raise CheckpointFormatError(f"{where}: header length {hlen} exceeds file size {size}")
-    header = _loads(_read_exactly(f, hlen, where), where, "header")
+    body = _read_exactly(f, hlen, where)
+    header = _loads(body, where, "header")
     data_start = align(HEADER_PREFIX.size + hlen)
     if not isinstance(header, dict) or not isinstance(header.get("entries"), list):
         raise CheckpointFormatError(f"{where}: header has no entry list")
-    for e in header["entries"]:
+    entries = header["entries"]
+    ranges = [e for e in entries if type(e) is not dict or "box" not in e]
+    # range entries are checked a field at a time; entry by entry (naming the first bad one) when that fails
+    slow = entries if not _ranges_ok(ranges, data_start, size) else [e for e in entries if "box" in e]
+    for e in slow:
         bad = _entry_problem(e, data_start, size)
         if bad:
             raise CheckpointFormatError(f"{where}: {bad}")
-    return ShardHeader(header, data_start)
+    crc = crc32(_read_exactly(f, data_start - HEADER_PREFIX.size - hlen, where), crc32(body, crc32(prefix)))
+    return ShardHeader(header, data_start), crc
 
 
 def _entry_problem(e: tp.Any, data_start: int, size: int) -> str:
-    if not isinstance(e, dict) or not isinstance(e.get("key"), str):
-        return f"malformed entry {str(e)[:80]}"
+    if type(e) is not dict or type(e.get("key")) is not str:
+        return f"malformed entry {_short(e)}"
     key, dtype, shape = e["key"], e.get("dtype"), e.get("shape")
-    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-        return f"entry {key!r} has unsupported dtype {str(dtype)[:40]!r}"
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(d) for d in shape):
-        return f"entry {key!r} has a malformed shape {str(shape)[:80]}"
-    if math.prod(max(d, 1) for d in shape) >= _MAX_ELEMENTS:
-        return f"entry {key!r} has an absurd shape {str(shape)[:80]}"
+    es = DTYPE_SIZES.get(dtype) if type(dtype) is str else None
+    if es is None:
+        return f"entry {key!r} has unsupported dtype {_short(dtype, 40)!r}"
+    if type(shape) is not list or len(shape) > MAX_DIMS or not all([type(d) is int and d >= 0 for d in shape]):
+        return f"entry {key!r} has a malformed shape {_short(shape)}"
     numel = math.prod(shape)
+    if (numel if numel else math.prod([max(d, 1) for d in shape])) >= _MAX_ELEMENTS:
+        return f"entry {key!r} has an absurd shape {_short(shape)}"
     offset, nbytes = e.get("offset"), e.get("nbytes")
     if "box" in e:  # a sharded tensor's chunk (format 2)
         box = e["box"]
@@ -257,19 +289,70 @@ def _entry_problem(e: tp.Any, data_start: int, size: int) -> str:
             and _is_int(offset)
             and _is_int(nbytes)
         ):
-            return f"entry {key!r} has a malformed chunk {str(box)[:80]}"
+            return f"entry {key!r} has a malformed chunk {_short(box)}"
         if any(o + n > d for o, n, d in zip(box[0], box[1], shape)):
             return f"entry {key!r}: chunk {box} lies outside the shape {shape}"
         start, stop = 0, math.prod(box[1])
     else:
         start, stop = e.get("start"), e.get("stop")
-        if not (_is_int(start) and _is_int(stop) and _is_int(offset) and _is_int(nbytes)):
-            return f"malformed entry {str(e)[:80]}"
-    if not start <= stop <= numel or nbytes != (stop - start) * DTYPE_SIZES[dtype]:
+        if not (
+            type(start) is int
+            and type(stop) is int
+            and type(offset) is int
+            and type(nbytes) is int
+            and min(start, stop, offset, nbytes) >= 0
+        ):
+            return f"malformed entry {_short(e)}"
+    if not start <= stop <= numel or nbytes != (stop - start) * es:
         return f"entry {key!r} has inconsistent element range {start}:{stop} of {numel} / {nbytes} bytes"
     if offset % ALIGN or data_start + offset + nbytes > size:
         return f"entry {key!r} lies past the end of the file (truncated?)"
     return ""
+
+
+_RANGE_FIELDS = ("key", "dtype", "shape", "start", "stop", "offset", "nbytes")
+
+
+def _ranges_ok(entries: tp.List[tp.Any], data_start: int, size: int) -> bool:
+    """Whether every one of ``entries`` passes :func:`_entry_problem` as a range entry, checked a field at a
+    time (one comprehension per field, not one call per entry). False: some entry does not (or is not a
+    range entry); the caller then checks entry by entry, which names the first bad one."""
+    if not all([type(e) is dict for e in entries]):
+        return False
+    keys, dtypes, shapes, starts, stops, offsets, nbytes = ([e.get(f) for e in entries] for f in _RANGE_FIELDS)
+    try:
+        if not (set(map(type, keys)) <= {str} and set(map(type, dtypes)) <= {str}):
+            return False
+        if not set(dtypes) <= DTYPE_SIZES.keys():
+            return False
+        if not set(map(type, shapes)) <= {list} or max(map(len, shapes), default=0) > MAX_DIMS:
+            return False
+        dims = [d for shape in shapes for d in shape]
+        ints = starts + stops + offsets + nbytes
+        if not (set(map(type, dims)) <= {int} and set(map(type, ints)) <= {int}):
+            return False
+        if min(dims, default=0) < 0 or min(ints, default=0) < 0:
+            return False
+        numels = list(map(math.prod, shapes))
+        if max(numels, default=0) >= _MAX_ELEMENTS:
+            return False
+        if 0 in numels and any(math.prod([max(d, 1) for d in s]) >= _MAX_ELEMENTS for s in shapes):
+            return False
+        sizes = list(map(DTYPE_SIZES.__getitem__, dtypes))
+        room = size - data_start
+        return (
+            all(map(operator.le, starts, stops))
+            and all(map(operator.le, stops, numels))
+            and not any([n != (b - a) * es for a, b, n, es in zip(starts, stops, nbytes, sizes)])
+            and not any([o % ALIGN or o + n > room for o, n in zip(offsets, nbytes)])
+        )
+    except TypeError:  # an unhashable dtype and the like: the per-entry check says what
+        return False
+
+
+def _short(v: tp.Any, n: int = 80) -> str:
+    """The start of ``str(v)`` for an error message (the JSON is depth-checked before: str cannot recurse far)."""
+    return str(v)[:n]
 
 
 def read_header(path: PathLike) -> ShardHeader:
@@ -371,9 +454,8 @@ def build_index(ckpt_dir: PathLike) -> Index:
             size = os.fstat(f.fileno()).st_size
             if size != s["bytes"]:
                 raise CheckpointFormatError(f"{_where(p)}: size {size} != {s['bytes']} in the manifest (truncated?)")
-            h = _read_header_from(f, size, _where(p))
-            f.seek(0)
-            header_crcs.append(crc32(_read_exactly(f, h.data_start, _where(p))))
+            h, head_crc = _read_header_crc(f, size, _where(p))
+            header_crcs.append(head_crc)
         hdr = h.header
         for field, want in (("rank", i), ("world_size", world), ("step", step)):
             if field in hdr and hdr[field] != want:
@@ -399,9 +481,10 @@ def build_index(ckpt_dir: PathLike) -> Index:
             else:
                 st_.pieces.append(ref)
         local.append(mine)
+    name = ckpt_dir.name
     for table in (tensors, *local):
         for key, t in table.items():
-            _check_tiling(ckpt_dir.name, key, t)
+            _check_tiling(name, key, t)
     trees = headers[0].get("trees")
     if not isinstance(trees, dict):
         raise CheckpointFormatError(f"{ckpt_dir.name}: shard 0 holds no state tree")
@@ -420,6 +503,8 @@ def build_index(ckpt_dir: PathLike) -> Index:
 
 def _check_tiling(where: str, key: str, t: StoredTensor) -> None:
     """The pieces of one tensor must tile it exactly: no gap, no overlap, nothing missing."""
+    if len(t.pieces) == 1 and t.pieces[0].box is None and t.pieces[0].start == 0 and t.pieces[0].stop == t.numel:
+        return  # most tensors: one range piece, the whole tensor
     kinds = {p.box is None for p in t.pieces}
     if len(kinds) > 1:
         raise CheckpointFormatError(f"{where}: tensor {key!r} is stored both as ranges and as chunks")
