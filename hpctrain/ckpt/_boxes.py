@@ -16,14 +16,13 @@ import bisect
 import itertools
 import math
 import typing as tp
-import zlib
 
 try:
     from isal.isal_zlib import crc32_combine as _crc32_combine
 except ImportError:  # pragma: no cover - the [fast] extra is optional
     _crc32_combine = None
 
-__all__ = ["Box", "whole", "intersect", "runs", "flat_runs", "boxes_tile", "crc32_combine", "crc32_zeros"]
+__all__ = ["Box", "whole", "intersect", "runs", "flat_runs", "boxes_tile", "crc32_combine"]
 
 Box = tp.Tuple[tp.Tuple[int, ...], tp.Tuple[int, ...]]
 """(offsets, lengths) per dimension, in elements of the global tensor."""
@@ -146,8 +145,3 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     if _crc32_combine is not None:
         return int(_crc32_combine(crc1, crc2, len2))
     return _gf2_mul(_x8n(len2), crc1) ^ crc2
-
-
-def crc32_zeros(n: int) -> int:
-    """crc32 of ``n`` zero bytes (alignment padding, which the writer fills with zeros; under 64 bytes)."""
-    return zlib.crc32(bytes(n))

@@ -5,36 +5,26 @@
    parameters and buffers, and optimizer state shaped like a DTensor parameter). Keys, global shapes and
    dtype kinds are checked here, so a layout that cannot be mapped fails naming the tensor before anything
    is read or loaded.
-2. :func:`read`: each rank reads the byte runs that overlap its boxes. Whole (replicated) tensors are packed
-   into one buffer; with ``read_once`` each rank reads 1/world of it (when the world size did not change,
-   about the bytes it wrote) and one ``all_gather`` on the checkpointer's gloo group gives every rank the
-   rest; with ``read_all`` every rank reads all of it.
-3. Verification: every rank reports the crc32 of the runs it read (adjacent runs combined, zero padding
-   included); the rank that owns shard ``i`` (``i % world``) combines them with the header's crc into the
-   crc32 of the whole file, reads whatever nobody read (state not restored, other ranks' RNG), and
-   compares with the manifest. One gather of the verdicts: every rank accepts or rejects the step together.
+2. and 3. :func:`hpctrain.ckpt._fetch.read`: each rank reads its share of the byte regions holding what it
+   needs (whole tensors packed by file region into one buffer, exchanged with one ``all_gather`` in
+   ``read_once`` mode; DTensor chunks as the runs overlapping the new chunk), and the ranks verify every
+   shard's crc32 together and accept or reject the step together.
 """
 
 from __future__ import annotations
 
-import bisect
-import ctypes
-import math
-import os
 import typing as tp
 from itertools import chain
 
 import torch
 
-from hpctrain.ckpt._boxes import Box, crc32_combine, crc32_zeros, whole
-from hpctrain.ckpt._commit import Comm, fault
-from hpctrain.ckpt._dtensor import check_placements, from_local, is_dtensor, local_box
-from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
-from hpctrain.ckpt._reader import _BYTES_READ, Index, StoredTensor
+from hpctrain.ckpt._boxes import Box, whole
+from hpctrain.ckpt._dtensor import check_placements, is_dtensor, local_box
+from hpctrain.ckpt._reader import Index, StoredTensor
 from hpctrain.ckpt._state import DTYPES, unflatten
 from hpctrain.errors import HpctrainError
 
-__all__ = ["Want", "Plan", "plan", "read", "fill"]
+__all__ = ["Want", "Plan", "plan", "fill", "RESTORE_MODES"]
 
 RESTORE_MODES = ("read_once", "read_all")
 
@@ -209,197 +199,3 @@ def _check_optimizer(
                 raise HpctrainError(
                     f"{where}: {v.key} has shape {list(st.shape)} saved, its parameter {list(p.shape)} here"
                 )
-
-
-# ---------------------------------------------------------------------------------------------- reading
-class _Segments:
-    """Per shard: the crc32 of the byte ranges this rank read, adjacent ranges (across zero padding) combined."""
-
-    def __init__(self, index: Index) -> None:
-        self.out: tp.Dict[int, tp.List[tp.Tuple[int, int, int]]] = {}
-        self._used: tp.Dict[int, tp.Tuple[tp.List[int], tp.List[int]]] = {}
-        spans: tp.Dict[int, tp.List[tp.Tuple[int, int]]] = {}
-        for table in (index.tensors, *index.local):
-            for t in table.values():
-                for p in t.pieces:
-                    spans.setdefault(p.shard, []).append((p.pos, p.pos + p.nbytes))
-        for shard, s in spans.items():
-            s.sort()
-            ends, m = [], 0
-            for _, e in s:
-                m = max(m, e)
-                ends.append(m)
-            self._used[shard] = ([a for a, _ in s], ends)
-
-    def padding(self, shard: int, a: int, b: int) -> bool:
-        """No stored piece lies in ``[a, b)`` (the writer zero-fills it)."""
-        starts, ends = self._used.get(shard, ([], []))
-        i = bisect.bisect_left(starts, b) - 1  # the last piece starting before b
-        return i < 0 or ends[i] <= a
-
-    def add(self, shard: int, pos: int, n: int, crc: int) -> None:
-        segs = self.out.setdefault(shard, [])
-        if segs:
-            a, b, c = segs[-1]
-            if b <= pos and pos - b < ALIGN and self.padding(shard, b, pos):
-                c = crc32_combine(crc32_combine(c, crc32_zeros(pos - b), pos - b), crc, n)
-                segs[-1] = (a, pos + n, c)
-                return
-        segs.append((pos, pos + n, crc))
-
-
-def _mem(addr: int, n: int) -> memoryview:
-    return memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
-
-
-def _read_runs(index: Index, runs: tp.List[tp.Tuple[int, int, int, int]], segs: tp.Optional[_Segments]) -> None:
-    """Execute ``(shard, file position, destination address, nbytes)`` runs, shard by shard in file order."""
-    by_shard: tp.Dict[int, tp.List[tp.Tuple[int, int, int]]] = {}
-    for shard, pos, addr, n in runs:
-        if n:
-            by_shard.setdefault(shard, []).append((pos, addr, n))
-    for shard, rs in by_shard.items():
-        rs.sort()
-        merged: tp.List[tp.List[int]] = []
-        for pos, addr, n in rs:  # file-contiguous and memory-contiguous runs become one read
-            if merged and merged[-1][0] + merged[-1][2] == pos and merged[-1][1] + merged[-1][2] == addr:
-                merged[-1][2] += n
-            else:
-                merged.append([pos, addr, n])
-        name = f"{index.path.name}/{index.shards[shard]['file']}"
-        with index.open_shard(shard) as f:
-            fd = f.fileno()
-            for pos, addr, n in merged:
-                view, got = _mem(addr, n), 0
-                while got < n:
-                    k = os.preadv(fd, [view[got:]], pos + got)
-                    if k <= 0:
-                        raise CheckpointFormatError(f"{name}: truncated while reading")
-                    got += k
-                _BYTES_READ[0] += n
-                if segs is not None:
-                    segs.add(shard, pos, n, crc32(view))
-
-
-def _verify_shard(index: Index, i: int, segs: tp.Iterable[tp.Tuple[int, int, int]], helper: _Segments) -> str:
-    """crc32 of shard ``i`` from the ranges every rank read, reading only what nobody read."""
-    s = index.shards[i]
-    size = s["bytes"]
-    parts = sorted(set(segs) | {(0, index.data_starts[i], index.header_crcs[i])}, key=lambda x: (x[0], -x[1]))
-    cursor = crc = j = 0
-    f = None
-    try:
-        while cursor < size:
-            while j < len(parts) and parts[j][0] < cursor:
-                j += 1  # starts inside what is already covered: not usable
-            if j < len(parts) and parts[j][0] == cursor:
-                a, b, c = parts[j]
-                crc, cursor, j = crc32_combine(crc, c, b - a), b, j + 1
-                continue
-            nxt = parts[j][0] if j < len(parts) else size
-            if helper.padding(i, cursor, nxt) and nxt - cursor < ALIGN:
-                crc = crc32_combine(crc, crc32_zeros(nxt - cursor), nxt - cursor)
-            else:
-                f = f or index.open_shard(i)
-                f.seek(cursor)
-                left = nxt - cursor
-                while left:
-                    chunk = f.read(min(left, 16 << 20))
-                    if not chunk:
-                        return f"{index.path.name}/{s['file']}: truncated while reading"
-                    crc = crc32(chunk, crc)
-                    left -= len(chunk)
-                _BYTES_READ[0] += nxt - cursor
-            cursor = nxt
-    finally:
-        if f is not None:
-            f.close()
-    if crc != s["crc32"]:
-        return f"{index.path.name}/{s['file']}: checksum mismatch (corrupted shard)"
-    return ""
-
-
-def read(
-    index: Index, p: Plan, comm: Comm, *, mode: str, verify: bool
-) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
-    """Read this rank's wants (collective: every rank calls it for the same step). Return the tensors
-    (plain tensors whole, DTensor chunks as local tensors) and the errors of every rank ([] = verified)."""
-    rank, world = comm.rank, comm.world
-    stored, wants = p.stored, p.wants
-    segs = _Segments(index) if verify else None
-    # whole tensors, packed in stored order (so that with an unchanged world, rank r's 1/world is what it wrote)
-    rep = sorted(
-        (w for w in wants.values() if w.like is None and not w.key.startswith("local/")),
-        key=lambda w: min(((q.shard, q.pos) for q in stored[w.key].pieces), default=(0, 0)),
-    )
-    offsets, total = {}, 0
-    for w in rep:
-        st = stored[w.key]
-        offsets[w.key] = total
-        total += align(st.numel * DTYPE_SIZES[st.dtype])
-    once = mode == "read_once" and world > 1
-    chunk = align(-(-total // world)) if once else total
-    buf = torch.empty(max(chunk * world if once else total, 1), dtype=torch.uint8)
-    lo, hi = (rank * chunk, min((rank + 1) * chunk, total)) if once else (0, total)
-    runs: tp.List[tp.Tuple[int, int, int, int]] = []
-    base = buf.data_ptr()
-    for w in rep:
-        st, off = stored[w.key], offsets[w.key]
-        for shard, pos, d, n in st.runs(w.box, DTYPE_SIZES[st.dtype]):
-            a, b = max(off + d, lo), min(off + d + n, hi)  # this rank's share of the packed buffer
-            if a < b:
-                runs.append((shard, pos + a - off - d, base + a, b - a))
-    own: tp.Dict[str, torch.Tensor] = {}
-    for w in wants.values():
-        if w.like is None and not w.key.startswith("local/"):
-            continue
-        st = stored[w.key]
-        es = DTYPE_SIZES[st.dtype]
-        mem = own[w.key] = torch.empty(math.prod(w.box[1]), dtype=DTYPES[st.dtype])
-        runs += [(sh, pos, mem.data_ptr() + d, n) for sh, pos, d, n in st.runs(w.box, es)]
-    err = ""
-    try:
-        fault("restore_read", rank)
-        _read_runs(index, runs, segs)
-    except CheckpointFormatError as exc:
-        err = f"rank {rank}: {exc}"
-    except Exception as exc:  # noqa: BLE001 - any failure to read: the step is rejected on every rank
-        err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
-    if once and total:
-        import torch.distributed as dist
-
-        try:  # CPU tensors on the checkpointer's own gloo group (never the training group's NCCL)
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
-            gather(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group)
-        except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
-            raise comm._fail(exc) from exc
-    if world > 1:
-        reports = comm.all_gather((err, segs.out if segs is not None else {}))
-    else:
-        reports = [(err, segs.out if segs is not None else {})]
-    errors = [e for e, _ in reports if e]
-    if not errors and segs is not None:
-        mine = ""
-        for i in range(rank, len(index.shards), world):
-            try:
-                mine = mine or _verify_shard(index, i, chain.from_iterable(r[1].get(i, ()) for r in reports), segs)
-            except CheckpointFormatError as exc:
-                mine = str(exc)
-        errors = [e for e in (comm.all_gather(mine) if world > 1 else [mine]) if e]
-    tensors: tp.Dict[str, torch.Tensor] = {}
-    if errors:
-        return tensors, errors
-    typed: tp.Dict[str, torch.Tensor] = {}
-    for w in rep:
-        st = stored[w.key]
-        tv = typed.get(st.dtype)
-        if tv is None:  # one typed view of the packed buffer per dtype (offsets are 64-byte aligned)
-            es = DTYPE_SIZES[st.dtype]
-            tv = typed[st.dtype] = buf[: buf.numel() // es * es].view(DTYPES[st.dtype])
-        es = tv.element_size()
-        tensors[w.key] = tv[offsets[w.key] // es : offsets[w.key] // es + st.numel].view(st.shape)
-    for key, mem in own.items():
-        w = wants[key]
-        local = mem.view(w.box[1])
-        tensors[key] = from_local(local, w.like) if w.like is not None else local
-    return tensors, []

@@ -20,6 +20,7 @@ import torch
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._dtensor import check_placements, fully_replicated, is_dtensor, local_box, writes_chunk
+from hpctrain.ckpt._fetch import read
 from hpctrain.ckpt._format import (
     SMALL_PIECE_BYTES,
     CheckpointFormatError,
@@ -28,7 +29,7 @@ from hpctrain.ckpt._format import (
     step_name,
 )
 from hpctrain.ckpt._reader import Index, build_index
-from hpctrain.ckpt._restore import RESTORE_MODES, Plan, fill, plan, read
+from hpctrain.ckpt._restore import RESTORE_MODES, Plan, fill, plan
 from hpctrain.ckpt._scan import (
     ABANDONED_AFTER_S,
     Deleter,

@@ -1,0 +1,300 @@
+"""A restore's reads, exchange and joint verification (step 2 and 3 of :mod:`hpctrain.ckpt._restore`).
+
+Whole tensors (replicated state, and sharded chunks wanted whole by a plain target) are read by **file
+region**, not by tensor: their stored pieces, sorted by (shard, position), are merged into regions wherever
+they lie closer than ``_GAP`` bytes in a file (the alignment padding between them, and any small unwanted
+piece, comes along), and the regions are packed one after another into one host buffer. A shard written by
+the fully parallel save is then one region. With ``read_once`` each rank reads 1/world of that buffer (when
+the world size did not change, about the bytes it wrote) with a few large ``preadv`` calls and one
+``all_gather`` of the raw bytes on the checkpointer's gloo group hands every rank the rest; ``read_all``:
+every rank reads all of it. A tensor held in one piece becomes a view of the buffer (one ``as_strided``,
+no copy); one split over shards (at most world - 1 of them) is assembled with one copy per piece.
+DTensor targets read only the byte runs that overlap their new chunk, into their own memory.
+
+Verification: each rank computes the crc32 of what it read, run by run as it reads (one value per run; a
+run is a region's part, so a few per rank); the rank that owns shard ``i`` (``i % world``) combines the runs
+every rank read of it with its header's crc into the crc32 of the whole file, reading only what nobody read
+(state not restored, other ranks' RNG), and compares it with the manifest: a flipped or torn byte anywhere
+in the file fails the step. One all-gather of the verdicts: every rank accepts or rejects the step together.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import typing as tp
+from itertools import chain
+
+import torch
+
+from hpctrain.ckpt._boxes import crc32_combine
+from hpctrain.ckpt._commit import Comm, fault
+from hpctrain.ckpt._dtensor import from_local
+from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
+from hpctrain.ckpt._reader import _BYTES_READ, Index, StoredTensor
+from hpctrain.ckpt._state import DTYPES
+
+if tp.TYPE_CHECKING:  # pragma: no cover
+    from hpctrain.ckpt._restore import Plan
+
+__all__ = ["read", "pack", "Region"]
+
+_GAP = 4096
+"""Stored pieces closer than this in one file are read as one run, the bytes between them included."""
+_CRC_CHUNK = 4 << 20
+"""Large runs are read and checksummed this much at a time (the crc runs on bytes still in cache)."""
+
+Run = tp.Tuple[int, int, int, int]
+"""(shard, file position, destination address, nbytes)."""
+
+
+class _Segments:
+    """Per shard: the crc32 of the byte ranges this rank read, ranges that touch combined into one."""
+
+    def __init__(self) -> None:
+        self.out: tp.Dict[int, tp.List[tp.Tuple[int, int, int]]] = {}
+
+    def add(self, shard: int, pos: int, n: int, crc: int) -> None:
+        segs = self.out.setdefault(shard, [])
+        if segs and segs[-1][1] == pos:
+            a, _, c = segs[-1]
+            segs[-1] = (a, pos + n, crc32_combine(c, crc, n))
+        else:
+            segs.append((pos, pos + n, crc))
+
+
+def _mem(addr: int, n: int) -> memoryview:
+    return memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
+
+
+def _read_runs(index: Index, runs: tp.List[Run], segs: tp.Optional[_Segments]) -> None:
+    """Execute the runs shard by shard in file order; runs contiguous in the file and in memory become one."""
+    by_shard: tp.Dict[int, tp.List[tp.Tuple[int, int, int]]] = {}
+    for shard, pos, addr, n in runs:
+        if n:
+            by_shard.setdefault(shard, []).append((pos, addr, n))
+    for shard, rs in by_shard.items():
+        rs.sort()
+        merged: tp.List[tp.List[int]] = []
+        for pos, addr, n in rs:
+            if merged and merged[-1][0] + merged[-1][2] == pos and merged[-1][1] + merged[-1][2] == addr:
+                merged[-1][2] += n
+            else:
+                merged.append([pos, addr, n])
+        name = f"{index.path.name}/{index.shards[shard]['file']}"
+        with index.open_shard(shard) as f:
+            fd = f.fileno()
+            for pos, addr, n in merged:
+                view, got, crc = _mem(addr, n), 0, 0
+                while got < n:
+                    part = view[got : got + _CRC_CHUNK]
+                    k = os.preadv(fd, [part], pos + got)
+                    if k <= 0:
+                        raise CheckpointFormatError(f"{name}: truncated while reading")
+                    if segs is not None:
+                        crc = crc32(part[:k], crc)
+                    got += k
+                _BYTES_READ[0] += n
+                if segs is not None:
+                    segs.add(shard, pos, n, crc)
+
+
+def _verify_shard(index: Index, i: int, segs: tp.Iterable[tp.Tuple[int, int, int]]) -> str:
+    """crc32 of shard ``i`` from the ranges every rank read, reading what nobody read (padding between them
+    included: every byte of the file is covered, so a flipped byte anywhere fails it)."""
+    s = index.shards[i]
+    size = s["bytes"]
+    parts = sorted(set(segs) | {(0, index.data_starts[i], index.header_crcs[i])}, key=lambda x: (x[0], -x[1]))
+    cursor = crc = j = 0
+    f = None
+    try:
+        while cursor < size:
+            while j < len(parts) and parts[j][0] < cursor:
+                j += 1  # starts inside what is already covered: not usable
+            if j < len(parts) and parts[j][0] == cursor:
+                a, b, c = parts[j]
+                crc, cursor, j = crc32_combine(crc, c, b - a), b, j + 1
+                continue
+            nxt = min(parts[j][0], size) if j < len(parts) else size
+            f = f or index.open_shard(i)
+            f.seek(cursor)
+            left = nxt - cursor
+            while left:
+                chunk = f.read(min(left, 16 << 20))
+                if not chunk:
+                    return f"{index.path.name}/{s['file']}: truncated while reading"
+                crc = crc32(chunk, crc)
+                left -= len(chunk)
+            _BYTES_READ[0] += nxt - cursor
+            cursor = nxt
+    finally:
+        if f is not None:
+            f.close()
+    if crc != s["crc32"]:
+        return f"{index.path.name}/{s['file']}: checksum mismatch (corrupted shard)"
+    return ""
+
+
+class Region(tp.NamedTuple):
+    shard: int
+    start: int
+    """Byte position in the shard file."""
+    end: int
+    at: int
+    """Byte offset in the packed buffer (64-byte aligned, as ``start`` is in the file)."""
+
+
+def pack(stored: tp.Mapping[str, StoredTensor], keys: tp.Iterable[str]) -> tp.Tuple[tp.List[Region], tp.Dict, int]:
+    """The file regions holding the pieces of tensors ``keys``, packed in (shard, position) order: the regions,
+    each piece's buffer offset by ``(shard, pos)``, and the packed size."""
+    spans = sorted((p.shard, p.pos, p.nbytes) for k in keys for p in stored[k].pieces if p.nbytes)
+    regions: tp.List[Region] = []
+    at: tp.Dict[tp.Tuple[int, int], int] = {}
+    shard = start = end = base = -1
+    for sh, pos, n in spans:
+        if sh != shard or pos - end > _GAP:
+            if shard >= 0:
+                regions.append(Region(shard, start, end, base))
+                base = align(base + end - start)
+            else:
+                base = 0
+            shard, start, end = sh, pos, pos + n
+        else:
+            end = max(end, pos + n)
+        at[(sh, pos)] = base + pos - start
+    if shard >= 0:
+        regions.append(Region(shard, start, end, base))
+    return regions, at, align(regions[-1].at + regions[-1].end - regions[-1].start) if regions else 0
+
+
+class _Views:
+    """Tensors of the packed buffer: typed views of it (one per dtype) and cached contiguous strides."""
+
+    def __init__(self, buf: torch.Tensor, at: tp.Dict[tp.Tuple[int, int], int]) -> None:
+        self.buf, self.at = buf, at
+        self._typed: tp.Dict[str, torch.Tensor] = {}
+        self._strides: tp.Dict[tp.Tuple[int, ...], tp.Tuple[int, ...]] = {}
+
+    def typed(self, dtype: str) -> torch.Tensor:
+        tv = self._typed.get(dtype)
+        if tv is None:  # every piece is 64-byte aligned in the buffer: a multiple of any element size
+            es = DTYPE_SIZES[dtype]
+            tv = self._typed[dtype] = self.buf[: self.buf.numel() // es * es].view(DTYPES[dtype])
+        return tv
+
+    def strides(self, shape: tp.Tuple[int, ...]) -> tp.Tuple[int, ...]:
+        s = self._strides.get(shape)
+        if s is None:
+            out, acc = [], 1
+            for d in reversed(shape):
+                out.append(acc)
+                acc *= max(d, 1)
+            s = self._strides[shape] = tuple(out[::-1])
+        return s
+
+    def views(self, stored: tp.Mapping[str, StoredTensor], keys: tp.List[str]) -> tp.Tuple[tp.Dict, tp.List[str]]:
+        """The tensors of ``keys`` stored in one piece, as views (metadata only: the bytes need not be there
+        yet), and the keys of the others (split over shards, or sharded chunks): :meth:`assemble` them."""
+        out: tp.Dict[str, torch.Tensor] = {}
+        rest: tp.List[str] = []
+        at = self.at
+        for key in keys:
+            st = stored[key]
+            p = st.pieces[0]
+            if len(st.pieces) == 1 and p.box is None and p.nbytes:  # the whole tensor in one piece
+                tv = self.typed(st.dtype)
+                out[key] = tv.as_strided(st.shape, self.strides(st.shape), at[(p.shard, p.pos)] // tv.element_size())
+            else:
+                rest.append(key)
+        return out, rest
+
+    def assemble(self, st: StoredTensor) -> torch.Tensor:
+        """A tensor from its pieces in the buffer: one copy per piece (into its element range or its box)."""
+        tv = self.typed(st.dtype)
+        es = tv.element_size()
+        t = torch.empty(st.shape, dtype=tv.dtype)
+        for p in st.pieces:
+            if not p.nbytes:
+                continue
+            src = tv.as_strided((p.nbytes // es,), (1,), self.at[(p.shard, p.pos)] // es)
+            if p.box is None:
+                t.view(-1)[p.start : p.stop].copy_(src)
+            else:
+                t[tuple(slice(o, o + k) for o, k in zip(*p.box))].copy_(src.view(p.box[1]))
+        return t
+
+
+def read(
+    index: Index, p: "Plan", comm: Comm, *, mode: str, verify: bool
+) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
+    """Read this rank's wants (collective: every rank calls it for the same step). Return the tensors
+    (plain tensors whole, DTensor chunks as local tensors) and the errors of every rank ([] = verified)."""
+    rank, world = comm.rank, comm.world
+    stored, wants = p.stored, p.wants
+    segs = _Segments() if verify else None
+    shared = [k for k, w in wants.items() if w.like is None and not k.startswith("local/")]
+    regions, at, total = pack(stored, shared)
+    once = mode == "read_once" and world > 1
+    chunk = align(-(-total // world)) if once else total
+    buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
+    lo, hi = (rank * chunk, min((rank + 1) * chunk, total)) if once else (0, total)
+    base = buf.data_ptr()
+    runs: tp.List[Run] = []
+    for r in regions:  # this rank's share of the packed buffer
+        a, b = max(r.at, lo), min(r.at + r.end - r.start, hi)
+        if a < b:
+            runs.append((r.shard, r.start + a - r.at, base + a, b - a))
+    own: tp.Dict[str, torch.Tensor] = {}  # DTensor chunks and this rank's RNG: the overlapping runs only
+    for w in wants.values():
+        if w.like is None and not w.key.startswith("local/"):
+            continue
+        st = stored[w.key]
+        es = DTYPE_SIZES[st.dtype]
+        mem = own[w.key] = torch.empty(math.prod(w.box[1]), dtype=DTYPES[st.dtype])
+        runs += [(sh, pos, mem.data_ptr() + d, n) for sh, pos, d, n in st.runs(w.box, es)]
+    err = ""
+    try:
+        fault("restore_read", rank)
+        _read_runs(index, runs, segs)
+    except CheckpointFormatError as exc:
+        err = f"rank {rank}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - any failure to read: the step is rejected on every rank
+        err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
+    work = None
+    if once and total:
+        import torch.distributed as dist
+
+        try:  # CPU tensors on the checkpointer's own gloo group (never the training group's NCCL)
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
+            work = gather(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
+        except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
+            raise comm._fail(exc) from exc
+    views = _Views(buf, at)
+    tensors, rest = views.views(stored, shared)  # while the gather runs: metadata only
+    if work is not None:
+        try:
+            work.wait()
+        except Exception as exc:  # noqa: BLE001
+            raise comm._fail(exc) from exc
+    report = (err, segs.out if segs is not None else {})
+    reports = comm.all_gather(report)
+    errors = [e for e, _ in reports if e]
+    if not errors and segs is not None:
+        mine = ""
+        for i in range(rank, len(index.shards), world):
+            try:
+                mine = mine or _verify_shard(index, i, chain.from_iterable(r[1].get(i, ()) for r in reports))
+            except CheckpointFormatError as exc:
+                mine = str(exc)
+        ok = comm.all_gather_ints([0 if mine else 1])
+        errors = [] if all(o[0] for o in ok) else [e for e in comm.all_gather(mine) if e]
+    if errors:
+        return {}, errors
+    for key in rest:
+        tensors[key] = views.assemble(stored[key])
+    for key, mem in own.items():
+        w = wants[key]
+        local = mem.view(w.box[1])
+        tensors[key] = from_local(local, w.like) if w.like is not None else local
+    return tensors, []

@@ -1,0 +1,74 @@
+"""Per-rank functions for the restore read-path tests (``tests/ckpt/test_fetch.py``): a state of plain tensors
+of a few KiB each (so a shard holds alignment padding and more than one read region), and restores of
+several checkpoint directories in one process group."""
+
+from __future__ import annotations
+
+import os
+import typing as tp
+
+import torch
+
+from hpctrain.ckpt import Checkpointer
+from tests.ckpt.workers import cfg
+
+SIZES = (37, 1000, 3001, 17, 5000, 1, 2048, 999)
+
+
+class Holder:
+    """``state_dict`` / ``load_state_dict`` over a dict of tensors, copied into place like a module's."""
+
+    def __init__(self, sd: tp.Dict[str, torch.Tensor]) -> None:
+        self.sd = sd
+
+    def state_dict(self) -> tp.Dict[str, torch.Tensor]:
+        return self.sd
+
+    def load_state_dict(self, sd: tp.Dict[str, torch.Tensor], strict: bool = True) -> None:
+        for k, v in sd.items():
+            self.sd[k].copy_(v)
+
+
+def state(seed: int) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.Dict[str, torch.Tensor], tp.Dict[str, torch.Tensor]]:
+    """(model, optimizer, unwanted): the third is saved as ``scaler`` and never restored (16 KiB: a gap no
+    read region spans)."""
+    g = torch.Generator().manual_seed(seed)
+    model = {f"w{i}": torch.randn(n, generator=g) for i, n in enumerate(SIZES)}
+    model["half"] = torch.randn(3, 333, generator=g).half()
+    model["i64"] = torch.arange(77) * seed
+    model["scalar"] = torch.tensor(float(seed))
+    model["empty"] = torch.zeros(0, 4)
+    opt = {f"m{i}": torch.randn(n, generator=g) for i, n in enumerate(SIZES)}
+    return model, opt, {"big": torch.randn(4096, generator=g)}
+
+
+def save(rank: int, world: int, d: str, steps: tp.Sequence[int]) -> None:
+    ck = Checkpointer(cfg(d, keep_last=0))
+    for s in steps:
+        model, opt, unwanted = state(s)
+        ck.save(s, model=Holder(model), optimizer=Holder(opt), scaler=Holder(unwanted))
+    ck.close()
+
+
+def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -> tp.List[tp.Dict[str, tp.Any]]:
+    """Restore model and optimizer (not the ``scaler``) from each ``(dir, restore_mode, fault)``: the step,
+    what was quarantined, and whether the values are bit-exact the saved step's."""
+    out = []
+    for d, mode, fault in jobs:
+        if fault:
+            os.environ["HPCTRAIN_CKPT_FAULT"] = fault
+        try:
+            ck = Checkpointer(cfg(d, restore_mode=mode))
+            model, opt, _ = state(999)
+            res = ck.restore(model=Holder(model), optimizer=Holder(opt))
+            ck.close()
+        finally:
+            os.environ.pop("HPCTRAIN_CKPT_FAULT", None)
+        if res is None:
+            out.append({"step": None})
+            continue
+        want_model, want_opt, _ = state(res.step)
+        exact = all(torch.equal(model[k], want_model[k]) for k in want_model)
+        exact = exact and all(torch.equal(opt[k], want_opt[k]) for k in want_opt)
+        out.append({"step": res.step, "quarantined": res.quarantined, "exact": exact})
+    return out

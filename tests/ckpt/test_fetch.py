@@ -1,0 +1,205 @@
+"""The restore read path (``_fetch``): whole tensors read by file region, shared with one all_gather, checked
+together; and the reader's field-at-a-time entry check and byte-level JSON depth check.
+
+A flipped byte anywhere in a shard (inside a tensor, at the end of a shard's data, in alignment padding, in
+header padding, in another rank's RNG state, in a tensor the restore does not want) fails its step in both
+restore modes, on 2 ranks restoring a 3-rank checkpoint (read shares cut across shard files) and on one
+process; an injected read error on one rank makes both ranks fall back together.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+import typing as tp
+from pathlib import Path
+
+import pytest
+
+from hpctrain.ckpt import CheckpointConfig, Checkpointer
+from hpctrain.ckpt._format import HEADER_PREFIX
+from hpctrain.ckpt._reader import (
+    MAX_JSON_DEPTH,
+    _check_depth,
+    _entry_problem,
+    _loads,
+    _ranges_ok,
+    _shallow,
+    read_header,
+    verify_dir,
+)
+from hpctrain.errors import CheckpointFormatError
+from tests.ckpt import fetch_workers as fw
+from tests.multiproc import run_world
+
+STEPS = list(range(1, 9))
+
+
+def _shard(step_dir: Path, i: int) -> Path:
+    return step_dir / f"rank-{i:05d}-of-00003.shard"
+
+
+def _entries(path: Path) -> tp.Tuple[int, int, tp.List[tp.Dict[str, tp.Any]]]:
+    """(header JSON length, data start, entries) of a shard."""
+    hlen = HEADER_PREFIX.unpack(path.read_bytes()[: HEADER_PREFIX.size])[1]
+    h = read_header(path)
+    return hlen, h.data_start, h.header["entries"]
+
+
+def _where(step_dir: Path, kind: str) -> tp.Tuple[Path, int]:
+    """A byte position of ``kind`` in one of the step's shards."""
+    if kind == "inside a tensor":
+        _, ds, es = _entries(_shard(step_dir, 1))
+        return _shard(step_dir, 1), ds + es[0]["offset"] + es[0]["nbytes"] // 2
+    if kind == "first data byte":
+        _, ds, _ = _entries(_shard(step_dir, 0))
+        return _shard(step_dir, 0), ds
+    if kind == "last byte of a shard's state":
+        _, ds, es = _entries(_shard(step_dir, 0))
+        e = [e for e in es if not e["key"].startswith("local/")][-1]
+        return _shard(step_dir, 0), ds + e["offset"] + e["nbytes"] - 1
+    if kind == "alignment padding":
+        for i in range(3):
+            _, ds, es = _entries(_shard(step_dir, i))
+            for e, nxt in zip(es, es[1:]):
+                if e["nbytes"] % 64:
+                    assert e["offset"] + e["nbytes"] < nxt["offset"]
+                    return _shard(step_dir, i), ds + e["offset"] + e["nbytes"]
+    if kind == "header padding":
+        for i in range(3):
+            hlen, ds, _ = _entries(_shard(step_dir, i))
+            if HEADER_PREFIX.size + hlen < ds:
+                return _shard(step_dir, i), HEADER_PREFIX.size + hlen
+        return _where(step_dir, "first data byte")  # 1 in 64**3: every header ends on an aligned byte
+    if kind == "RNG of a rank not restored":
+        _, ds, es = _entries(_shard(step_dir, 2))
+        e = next(e for e in es if e["key"].startswith("local/"))
+        return _shard(step_dir, 2), ds + e["offset"] + e["nbytes"] // 2
+    if kind == "a tensor not restored":
+        for i in range(3):
+            _, ds, es = _entries(_shard(step_dir, i))
+            for e in es:
+                if e["key"].startswith("scaler/") and e["nbytes"] > 1024:
+                    return _shard(step_dir, i), ds + e["offset"] + e["nbytes"] // 2
+    raise AssertionError(kind)
+
+
+KINDS = [
+    "inside a tensor",
+    "first data byte",
+    "last byte of a shard's state",
+    "alignment padding",
+    "header padding",
+    "RNG of a rank not restored",
+    "a tensor not restored",
+]
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory):
+    """Steps 1..8 saved by 3 ranks; in ``flipped``, steps 2..8 each carry one flipped byte (one kind each)."""
+    root = tmp_path_factory.mktemp("fetch")
+    run_world(fw.save, 3, str(root / "ck"), STEPS)
+    shutil.copytree(root / "ck", root / "intact")
+    where = {}
+    for step, kind in zip(STEPS[1:], KINDS):
+        step_dir = root / "ck" / f"step-{step:09d}"
+        path, pos = _where(step_dir, kind)
+        raw = bytearray(path.read_bytes())
+        raw[pos] ^= 0x5A
+        path.write_bytes(bytes(raw))
+        where[kind] = step
+        with pytest.raises(CheckpointFormatError, match="checksum mismatch"):
+            verify_dir(step_dir)
+    for mode in ("read_once", "read_all", "one"):
+        shutil.copytree(root / "ck", root / mode)
+    shutil.copytree(root / "intact", root / "fault")
+    jobs = [(str(root / m), m, "") for m in ("read_once", "read_all")]
+    jobs.append((str(root / "fault"), "read_once", "restore_read:1:raiseonce"))
+    two = run_world(fw.restore, 2, jobs).results
+    return root, where, two
+
+
+def test_a_flipped_byte_anywhere_fails_its_step_in_both_modes_on_two_ranks(damaged):
+    _, where, two = damaged
+    assert set(where) == set(KINDS)
+    for job in (0, 1):  # read_once, read_all: every damaged step quarantined, newest first, then step 1 exact
+        assert [r[job] for r in two] == [{"step": 1, "quarantined": STEPS[:0:-1], "exact": True}] * 2
+
+
+def test_a_flipped_byte_anywhere_fails_its_step_on_one_process(damaged):
+    root, _, _ = damaged
+    model, opt, _ = fw.state(999)
+    res = Checkpointer(CheckpointConfig(dir=root / "one")).restore(model=fw.Holder(model), optimizer=fw.Holder(opt))
+    assert res is not None and res.step == 1 and res.quarantined == STEPS[:0:-1]
+    assert all(v.equal(fw.state(1)[0][k]) for k, v in model.items())
+
+
+def test_a_read_error_on_one_rank_makes_both_fall_back_together(damaged):
+    _, _, two = damaged
+    assert [r[2] for r in two] == [{"step": STEPS[-2], "quarantined": [STEPS[-1]], "exact": True}] * 2
+
+
+def test_an_intact_checkpoint_restores_bit_exact_across_world_sizes(damaged):
+    root, _, _ = damaged
+    model, opt, _ = fw.state(999)
+    res = Checkpointer(CheckpointConfig(dir=root / "intact")).restore(model=fw.Holder(model), optimizer=fw.Holder(opt))
+    assert res is not None and res.step == STEPS[-1] and res.quarantined == []
+    want_model, want_opt, _ = fw.state(STEPS[-1])
+    assert all(model[k].equal(v) for k, v in want_model.items()) and all(opt[k].equal(v) for k, v in want_opt.items())
+
+
+# ------------------------------------------------------------------------------------------ reader fast paths
+ODD = [None, True, -1, 2**70, 1.5, "x", [], {}, [1, [2]], "float32", [3, -1], 63, 64]
+
+
+def test_the_field_at_a_time_entry_check_agrees_with_the_entry_by_entry_check(tmp_path):
+    d = tmp_path / "ck"
+    fw.save(0, 1, str(d), [1])
+    path = d / "step-000000001" / "rank-00000-of-00001.shard"
+    h = read_header(path)
+    size = path.stat().st_size
+    base = [e for e in h.header["entries"] if "box" not in e]
+    assert _ranges_ok(base, h.data_start, size)
+    rng = random.Random(0)
+    disagreements = []
+    for case in range(400):
+        entries = copy.deepcopy(base)
+        for _ in range(rng.choice([1, 1, 2])):
+            e = rng.choice(entries)
+            field = rng.choice(["key", "dtype", "shape", "start", "stop", "offset", "nbytes", "extra"])
+            if rng.random() < 0.15:
+                e.pop(field, None)
+            else:
+                e[field] = copy.deepcopy(rng.choice(ODD))
+        slow = all(not _entry_problem(e, h.data_start, size) for e in entries)
+        if _ranges_ok(entries, h.data_start, size) != slow:
+            disagreements.append((case, entries))
+    assert disagreements == []
+
+
+def _nest(depth: int, rng: random.Random) -> tp.Any:
+    out: tp.Any = rng.choice([0, "a]", '[\\"{', None])
+    for _ in range(depth):
+        out = [out] if rng.random() < 0.5 else {rng.choice(["k", "}\\\\", '"[']): out}
+    return out
+
+
+def test_the_json_depth_from_bytes_agrees_with_the_tree_walk():
+    rng = random.Random(1)
+    for case in range(300):
+        obj = _nest(rng.randint(MAX_JSON_DEPTH - 3, MAX_JSON_DEPTH + 3), rng)
+        raw = json.dumps(obj, ensure_ascii=rng.random() < 0.5).encode()
+        try:
+            _check_depth(obj, "x", "header")
+            deep = False
+        except CheckpointFormatError:
+            deep = True
+        assert not (_shallow(raw) and deep), case
+        if deep:
+            with pytest.raises(CheckpointFormatError, match="nested deeper"):
+                _loads(raw, "x", "header")
+        else:
+            assert _loads(raw, "x", "header") == obj
