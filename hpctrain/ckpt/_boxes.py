@@ -29,7 +29,7 @@ Box = tp.Tuple[tp.Tuple[int, ...], tp.Tuple[int, ...]]
 
 
 def whole(shape: tp.Sequence[int]) -> Box:
-    return tuple(0 for _ in shape), tuple(shape)
+    return (0,) * len(shape), tuple(shape)
 
 
 def intersect(a: Box, b: Box) -> tp.Optional[Box]:

@@ -198,13 +198,19 @@ class _Views:
         yet), and the keys of the others (split over shards, or sharded chunks): :meth:`assemble` them."""
         out: tp.Dict[str, torch.Tensor] = {}
         rest: tp.List[str] = []
-        at = self.at
+        at, strides, typed = self.at, self._strides, self._typed
         for key in keys:
             st = stored[key]
             p = st.pieces[0]
             if len(st.pieces) == 1 and p.box is None and p.nbytes:  # the whole tensor in one piece
-                tv = self.typed(st.dtype)
-                out[key] = tv.as_strided(st.shape, self.strides(st.shape), at[(p.shard, p.pos)] // tv.element_size())
+                tv = typed.get(st.dtype)
+                if tv is None:
+                    tv = self.typed(st.dtype)
+                shape = st.shape
+                s = strides.get(shape)
+                if s is None:
+                    s = self.strides(shape)
+                out[key] = tv.as_strided(shape, s, at[(p.shard, p.pos)] // DTYPE_SIZES[st.dtype])
             else:
                 rest.append(key)
         return out, rest

@@ -464,20 +464,23 @@ def build_index(ckpt_dir: PathLike) -> Index:
         data_starts.append(h.data_start)
     tensors: tp.Dict[str, StoredTensor] = {}
     local: tp.List[tp.Dict[str, StoredTensor]] = []
+    new = tuple.__new__  # PieceRef / StoredTensor without NamedTuple.__new__'s Python frame (4000+ of each)
     for i, hdr in enumerate(headers):
         mine: tp.Dict[str, StoredTensor] = {}
+        ds = data_starts[i]
         for e in hdr["entries"]:
+            key = e["key"]
             if "box" in e:
                 box = (tuple(e["box"][0]), tuple(e["box"][1]))
-                ref = PieceRef(0, math.prod(box[1]), i, data_starts[i] + e["offset"], e["nbytes"], box)
+                ref = PieceRef(0, math.prod(box[1]), i, ds + e["offset"], e["nbytes"], box)
             else:
-                ref = PieceRef(e["start"], e["stop"], i, data_starts[i] + e["offset"], e["nbytes"])
-            table = mine if e["key"].startswith("local/") else tensors
-            st_ = table.get(e["key"])
+                ref = new(PieceRef, (e["start"], e["stop"], i, ds + e["offset"], e["nbytes"], None))
+            table = mine if key.startswith("local/") else tensors
+            st_ = table.get(key)
             if st_ is None:
-                table[e["key"]] = StoredTensor(e["dtype"], tuple(e["shape"]), [ref])
+                table[key] = new(StoredTensor, (e["dtype"], tuple(e["shape"]), [ref]))
             elif st_.dtype != e["dtype"] or st_.shape != tuple(e["shape"]):
-                raise CheckpointFormatError(f"{ckpt_dir.name}: the stored pieces of tensor {e['key']!r} disagree")
+                raise CheckpointFormatError(f"{ckpt_dir.name}: the stored pieces of tensor {key!r} disagree")
             else:
                 st_.pieces.append(ref)
         local.append(mine)

@@ -42,8 +42,16 @@ class _Ref:
 
 
 class _RefMap(dict):  # type: ignore[type-arg]
+    """What ``unflatten`` looks tensors up in while building a skeleton: a reference per lookup, recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: tp.List[_Ref] = []
+
     def __getitem__(self, key: str) -> _Ref:
-        return _Ref(key)
+        ref = _Ref(key)
+        self.refs.append(ref)
+        return ref
 
 
 def fill(node: tp.Any, tensors: tp.Mapping[str, tp.Any]) -> tp.Any:
@@ -58,17 +66,6 @@ def fill(node: tp.Any, tensors: tp.Mapping[str, tp.Any]) -> tp.Any:
     if isinstance(node, tuple):
         return tuple(fill(v, tensors) for v in node)
     return node
-
-
-def _refs(node: tp.Any) -> tp.Iterator[_Ref]:
-    if isinstance(node, _Ref):
-        yield node
-    elif isinstance(node, dict):
-        for v in node.values():
-            yield from _refs(v)
-    elif isinstance(node, (list, tuple)):
-        for v in node:
-            yield from _refs(v)
 
 
 class Want(tp.NamedTuple):
@@ -97,7 +94,8 @@ def plan(index: Index, step: int, targets: tp.Sequence[tp.Tuple[str, tp.Any]], s
         if name not in trees:
             raise HpctrainError(f"checkpoint step {step} holds no {name} state (it has: {', '.join(sorted(trees))})")
     names = [n for n, _ in targets] + (["extra"] if "extra" in trees else [])
-    skeletons = {n: unflatten(trees[n], _RefMap()) for n in names}
+    refmap = _RefMap()  # every reference of every skeleton, in the order unflatten met them
+    skeletons = {n: unflatten(trees[n], refmap) for n in names}
     stored: tp.Dict[str, StoredTensor] = dict(index.tensors)
     if rank < len(index.shards):
         stored.update(index.local[rank])  # this rank's own RNG state, not the others'
@@ -108,12 +106,12 @@ def plan(index: Index, step: int, targets: tp.Sequence[tp.Tuple[str, tp.Any]], s
         elif name == "optimizer":
             _check_optimizer(step, obj, skeletons[name], stored, likes)
     wants: tp.Dict[str, Want] = {}
-    for ref in chain.from_iterable(_refs(s) for s in skeletons.values()):
-        st = stored[ref.key]
+    for ref in refmap.refs:
         like = likes.get(ref.key)
         if like is None:
-            wants[ref.key] = Want(ref.key, whole(st.shape), None)
+            wants[ref.key] = Want(ref.key, whole(stored[ref.key].shape), None)
         else:
+            st = stored[ref.key]
             box = local_box(like)
             if box is None:  # not in this DTensor's mesh: an empty chunk
                 box = (tuple(0 for _ in st.shape), tuple(0 for _ in st.shape))
