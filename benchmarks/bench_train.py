@@ -78,9 +78,9 @@ def _in_process_ab(blocks: int, steps: int, dim: int, hidden: int, batch: int) -
     world 1 (gloo; the gradient all-reduce still runs), two copies trained in alternating blocks of
     ``steps`` steps on one rank's share of the demo's batch, one with the recorder enabled and attached
     (timer marks, the exposed-communication gradient hook, the loss sum, a flush every 50 steps), one
-    with it disabled (the Trainer's --no-metrics path). Median over blocks of the per-step difference;
-    the end-to-end A/B on 2 processes cannot resolve 1 % on this machine (two identical arms differ by
-    up to 5 % there)."""
+    with it disabled (the Trainer's --no-metrics path), and a second disabled copy whose difference to
+    the first is the method's noise floor. Median over blocks of the per-step difference; the end-to-end
+    A/B on 2 processes cannot resolve 1 % on this machine (two identical arms differ by up to 5 % there)."""
     import torch
     import torch.distributed as dist
 
@@ -92,22 +92,22 @@ def _in_process_ab(blocks: int, steps: int, dim: int, hidden: int, batch: int) -
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         arms = {}
-        for on in (True, False):
+        for on in ("on", "off", "off_again"):  # off_again: a second identical off copy, the noise floor
             torch.manual_seed(0)
             net = torch.nn.Sequential(
                 torch.nn.Flatten(), torch.nn.Linear(dim, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, dim)
             )
             ddp = torch.nn.parallel.DistributedDataParallel(net)
             rec = MetricsRecorder(
-                rank=0, world_size=1, device="cpu", run_dir=None, total_steps=10**9, log_every=50, enabled=on
+                rank=0, world_size=1, device="cpu", run_dir=None, total_steps=10**9, log_every=50, enabled=on == "on"
             )
             rec.attach_ddp(ddp)
             arms[on] = (ddp, rec, torch.optim.SGD(ddp.parameters(), lr=1e-3))
         x, y = torch.randn(batch, dim), torch.randn(batch, dim)
-        per_step: tp.Dict[bool, tp.List[float]] = {True: [], False: []}
+        per_step: tp.Dict[str, tp.List[float]] = {arm: [] for arm in arms}
         step = 0
         for b in range(blocks + 1):
-            for on in (True, False) if b % 2 else (False, True):
+            for on in list(arms) if b % 2 else list(arms)[::-1]:
                 ddp, rec, opt = arms[on]
                 timer = rec.timer
                 t0 = time.perf_counter()
@@ -126,11 +126,14 @@ def _in_process_ab(blocks: int, steps: int, dim: int, hidden: int, batch: int) -
                         rec.flush(step)
                 if b:  # block 0 warms both up
                     per_step[on].append((time.perf_counter() - t0) / steps)
-        added = [a - b for a, b in zip(per_step[True], per_step[False])]
+        added = [a - b for a, b in zip(per_step["on"], per_step["off"])]
+        same = [a - b for a, b in zip(per_step["off_again"], per_step["off"])]
         return {
             "added_us_per_step": statistics.median(added) * 1e6,
             "added_us_per_step_quartiles": [q * 1e6 for q in statistics.quantiles(added)],
-            "step_us_metrics_off": statistics.median(per_step[False]) * 1e6,
+            "off_vs_off_us_per_step": statistics.median(same) * 1e6,
+            "off_vs_off_us_per_step_quartiles": [q * 1e6 for q in statistics.quantiles(same)],
+            "step_us_metrics_off": statistics.median(per_step["off"]) * 1e6,
         }
     finally:
         dist.destroy_process_group()
