@@ -19,17 +19,9 @@ from pathlib import Path
 import pytest
 
 from hpctrain.ckpt import CheckpointConfig, Checkpointer
+from hpctrain.ckpt._entries import _entry_problem, _ranges_ok
 from hpctrain.ckpt._format import HEADER_PREFIX
-from hpctrain.ckpt._reader import (
-    MAX_JSON_DEPTH,
-    _check_depth,
-    _entry_problem,
-    _loads,
-    _ranges_ok,
-    _shallow,
-    read_header,
-    verify_dir,
-)
+from hpctrain.ckpt._reader import MAX_JSON_DEPTH, _check_depth, _loads, _shallow, read_header, verify_dir
 from hpctrain.errors import CheckpointFormatError
 from tests.ckpt import fetch_workers as fw
 from tests.multiproc import run_world
