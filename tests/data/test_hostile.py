@@ -82,6 +82,9 @@ def test_sweep_removes_only_dead_processes_leftovers(tmp_path):
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, even when this test runs from a background job
+    # (whose shell started it with SIGINT ignored, a disposition Python then keeps)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from hpctrain.data import H5DataConfig, H5Loader
     path, method, handle_usr2 = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     got = []
