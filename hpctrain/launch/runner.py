@@ -175,6 +175,7 @@ class Runner:
             print(f"hpctrain: could not decide how the attempt ended: {type(exc).__name__}: {exc}", flush=True)
             end = None
         process_group.destroy_process_group(synchronize=error is None)
+        signals.ignore_from_now()  # a late time-limit warning must not kill a task that is exiting
         if error is not None:
             if end is not None and end.requeued:
                 raise SystemExit(0)  # the job runs again; the traceback is in this attempt's log

@@ -73,6 +73,14 @@ class StopSignals:
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
 
+    def ignore_from_now(self) -> None:
+        """The attempt is over: ignore SIGUSR2 until the process exits. A time-limit warning that lands
+        while a finished task exits would otherwise kill it (interpreter shutdown puts handlers back to
+        the default, which for USR2 is to die) and Slurm would mark a completed job FAILED. SIGTERM keeps
+        its meaning: a cancel or the limit itself."""
+        if signal.SIGUSR2 in self.signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
     def _record(self, signum: int, frame: tp.Any) -> None:  # noqa: ARG002 - signal handler signature
         self.received.append((signum, time.time()))  # list.append is atomic under the GIL
 

@@ -70,3 +70,16 @@ def test_requeue_policy():
     for cause in (StopCause.CANCELLED, StopCause.USER_ERROR, StopCause.FINISHED):
         ok, why = requeue_decision(cause, restarts=0, max_requeues=3, committed_new_step=True)
         assert not ok and "not requeued" in why
+
+
+def test_after_the_attempt_a_late_warning_is_ignored_not_fatal():
+    sigs = StopSignals().install()
+    try:
+        sigs.ignore_from_now()
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR2)  # would end the process with the default action
+        time.sleep(0.05)
+        assert not sigs.requested
+        assert signal.getsignal(signal.SIGTERM) == sigs._record  # a cancel still counts
+    finally:
+        sigs.uninstall()
