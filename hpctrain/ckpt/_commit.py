@@ -32,6 +32,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import threading
 import time
 import typing as tp
@@ -118,7 +119,9 @@ class Comm:
         self.job_id, self.restart_count = job_identity()
         # one tag per checkpointer, agreed once: tmp dir names need no round trip at save time
         tag = f"j{self.job_id or 'local'}-r{self.restart_count}-{secrets.token_hex(5)}"
-        self.tag = self.all_gather(tag if self.rank == 0 else "")[0]
+        got = self.all_gather((tag if self.rank == 0 else "", socket.gethostname()))
+        self.tag = got[0][0]
+        self.hosts = len({host for _, host in got})  # restore's "auto" mode reads once across hosts only
         self.saves = 0
 
     def _fail(self, exc: BaseException) -> HpctrainError:

@@ -234,12 +234,11 @@ class _Views:
 def read(
     index: Index, p: "Plan", comm: Comm, *, mode: str, verify: bool
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
-    """Read this rank's wants (collective: every rank calls it for the same step). Return the tensors
+    """Read what this rank needs (collective: every rank calls it for the same step). Return the tensors
     (plain tensors whole, DTensor chunks as local tensors) and the errors of every rank ([] = verified)."""
     rank, world = comm.rank, comm.world
-    stored, wants = p.stored, p.wants
+    stored, shared = p.stored, p.whole
     segs = _Segments() if verify else None
-    shared = [k for k, w in wants.items() if w.like is None and not k.startswith("local/")]
     regions, at, total = pack(stored, shared)
     once = mode == "read_once" and world > 1
     chunk = align(-(-total // world)) if once else total
@@ -252,9 +251,7 @@ def read(
         if a < b:
             runs.append((r.shard, r.start + a - r.at, base + a, b - a))
     own: tp.Dict[str, torch.Tensor] = {}  # DTensor chunks and this rank's RNG: the overlapping runs only
-    for w in wants.values():
-        if w.like is None and not w.key.startswith("local/"):
-            continue
+    for w in p.chunks.values():
         st = stored[w.key]
         es = DTYPE_SIZES[st.dtype]
         mem = own[w.key] = torch.empty(math.prod(w.box[1]), dtype=DTYPES[st.dtype])
@@ -300,7 +297,7 @@ def read(
     for key in rest:
         tensors[key] = views.assemble(stored[key])
     for key, mem in own.items():
-        w = wants[key]
+        w = p.chunks[key]
         local = mem.view(w.box[1])
         tensors[key] = from_local(local, w.like) if w.like is not None else local
     return tensors, []

@@ -38,7 +38,6 @@ from hpctrain.ckpt._format import (
     HEADER_PREFIX,
     MAGIC,
     MANIFEST,
-    NUMPY_DTYPES,
     CheckpointFormatError,
     ShardHeader,
     align,
@@ -46,6 +45,7 @@ from hpctrain.ckpt._format import (
     parse_name,
     shard_name,
 )
+from hpctrain.ckpt._trees import check_tree, tensor_keys
 
 __all__ = [
     "MAX_MANIFEST_BYTES",
@@ -339,43 +339,125 @@ class Index:
         return open_regular(self.path / self.shards[i]["file"])
 
 
-def build_index(ckpt_dir: PathLike) -> Index:
+class _Part(tp.NamedTuple):
+    """What indexing some of a checkpoint's shards found: their pieces, headers' data starts and crcs, trees."""
+
+    shards: tp.List[int]
+    data_starts: tp.List[int]
+    header_crcs: tp.List[int]
+    tensors: tp.Dict[str, StoredTensor]
+    """Replicated and sharded tensors, with the pieces these shards hold."""
+    local: tp.List[tp.Dict[str, StoredTensor]]
+    local_trees: tp.List[tp.Optional[tp.Dict[str, tp.Any]]]
+    trees: tp.Optional[tp.Dict[str, tp.Any]]
+    """Shard 0's state trees, when shard 0 is among these."""
+    partial: tp.List[str]
+    """Keys whose pieces here do not tile the tensor alone: the rest must come from other shards."""
+
+
+Exchange = tp.Callable[[tp.Any], tp.List[tp.Any]]
+"""An all-gather of one picklable object per rank (``Comm.all_gather``)."""
+
+
+def build_index(ckpt_dir: PathLike, *, share: tp.Optional[tp.Tuple[int, int, Exchange]] = None) -> Index:
     """Check a checkpoint's manifest, shard sizes, headers, piece tiling and trees; raise
-    :class:`CheckpointFormatError` naming the first problem."""
+    :class:`CheckpointFormatError` naming the first problem.
+
+    ``share=(rank, world, all_gather)`` (a restore; collective: every rank calls it for the same step): rank r
+    opens, parses and checks only shards r, r + world, ... and the ranks exchange what they found, so that a
+    restart of N ranks opens and parses each shard header once, not N times (N x N file opens on the shared
+    filesystem's metadata server). Every shard is still checked by some rank, the trees are checked one per
+    rank (name order, round robin), and the pieces of tensors split over shards parsed by different ranks are
+    checked for tiling by every rank; an error found on some ranks only is raised there (the caller agrees)."""
     ckpt_dir = Path(ckpt_dir)
-    manifest = read_manifest(ckpt_dir)
+    if share is None:
+        manifest = read_manifest(ckpt_dir)
+        parts = [_index_shards(ckpt_dir, manifest, range(len(manifest["shards"])))]
+        rank, world = 0, 1
+    else:
+        rank, world, exchange = share
+        err, part = "", None
+        try:  # never raise before the exchange: the other ranks wait in it
+            manifest = read_manifest(ckpt_dir)
+            part = _index_shards(ckpt_dir, manifest, range(rank, len(manifest["shards"]), world))
+        except CheckpointFormatError as exc:
+            err = str(exc)
+        except Exception as exc:  # noqa: BLE001 - damage of any kind is a format error, the same on every rank
+            err = f"{ckpt_dir.name}: {type(exc).__name__}: {exc}"
+        got = exchange((err, part))
+        errors = [e for e, _ in got if e]
+        if errors:
+            raise CheckpointFormatError(errors[0])
+        parts = [p for _, p in got if p is not None]
+    world_saved = len(manifest["shards"])
+    data_starts, header_crcs = [0] * world_saved, [0] * world_saved
+    local: tp.List[tp.Dict[str, StoredTensor]] = [{} for _ in range(world_saved)]
+    local_trees: tp.List[tp.Optional[tp.Dict[str, tp.Any]]] = [None] * world_saved
+    tensors: tp.Dict[str, StoredTensor] = {}
+    check: tp.Set[str] = set()
+    trees: tp.Any = None
+    for part in parts:
+        for j, i in enumerate(part.shards):
+            data_starts[i], header_crcs[i] = part.data_starts[j], part.header_crcs[j]
+            local[i], local_trees[i] = part.local[j], part.local_trees[j]
+        if part.trees is not None:
+            trees = part.trees
+        check.update(part.partial)
+        if not tensors:
+            tensors = dict(part.tensors)
+            continue
+        for key, st in part.tensors.items():
+            have = tensors.get(key)
+            if have is None:
+                tensors[key] = st
+            elif have.dtype != st.dtype or have.shape != st.shape:
+                raise CheckpointFormatError(f"{ckpt_dir.name}: the stored pieces of tensor {key!r} disagree")
+            else:  # split over shards that different ranks indexed: the pieces of both, tiling checked below
+                tensors[key] = StoredTensor(have.dtype, have.shape, have.pieces + st.pieces)
+                check.add(key)
+    for key in sorted(check):
+        _check_tiling(ckpt_dir.name, key, tensors[key])
+    if not isinstance(trees, dict):
+        raise CheckpointFormatError(f"{ckpt_dir.name}: shard 0 holds no state tree")
+    for k, (name, tree) in enumerate(sorted(trees.items())):
+        if k % world == rank:
+            check_tree(f"{ckpt_dir.name}: state tree {name!r}", tree, tensors)
+    return Index(ckpt_dir, manifest, data_starts, tensors, local, trees, local_trees, header_crcs)
+
+
+def _index_shards(ckpt_dir: Path, manifest: tp.Dict[str, tp.Any], which: tp.Iterable[int]) -> _Part:
+    """Open, size-check, parse and check the headers of shards ``which``; their pieces, checked for tiling
+    where these shards hold a whole tensor."""
     shards, world, step = manifest["shards"], manifest["world_size"], manifest["step"]
-    for s in shards:  # sizes first: cheap, catches truncation and missing files before any parse
-        p = ckpt_dir / s["file"]
+    which = list(which)
+    for i in which:  # sizes first: cheap, catches truncation and missing files before any parse
+        p = ckpt_dir / shards[i]["file"]
         try:
             st = os.lstat(p)
         except FileNotFoundError:
             raise CheckpointFormatError(f"{_where(p)}: missing shard") from None
-        if stat.S_ISREG(st.st_mode) and st.st_size != s["bytes"]:
-            raise CheckpointFormatError(f"{_where(p)}: size {st.st_size} != {s['bytes']} in the manifest (truncated?)")
-    headers: tp.List[tp.Dict[str, tp.Any]] = []
-    data_starts: tp.List[int] = []
-    header_crcs: tp.List[int] = []
-    for i, s in enumerate(shards):
-        p = ckpt_dir / s["file"]
+        if stat.S_ISREG(st.st_mode) and st.st_size != shards[i]["bytes"]:
+            raise CheckpointFormatError(
+                f"{_where(p)}: size {st.st_size} != {shards[i]['bytes']} in the manifest (truncated?)"
+            )
+    part = _Part(which, [], [], {}, [], [], None, [])
+    tensors = part.tensors
+    new = tuple.__new__  # PieceRef / StoredTensor without NamedTuple.__new__'s Python frame (4000+ of each)
+    for i in which:
+        p = ckpt_dir / shards[i]["file"]
         with open_regular(p) as f:
             size = os.fstat(f.fileno()).st_size
-            if size != s["bytes"]:
-                raise CheckpointFormatError(f"{_where(p)}: size {size} != {s['bytes']} in the manifest (truncated?)")
+            if size != shards[i]["bytes"]:
+                raise CheckpointFormatError(f"{_where(p)}: size {size} != {shards[i]['bytes']} in the manifest")
             h, head_crc = _read_header_crc(f, size, _where(p))
-            header_crcs.append(head_crc)
         hdr = h.header
         for field, want in (("rank", i), ("world_size", world), ("step", step)):
             if field in hdr and hdr[field] != want:
                 raise CheckpointFormatError(f"{_where(p)}: header says {field} {str(hdr[field])[:20]}, expected {want}")
-        headers.append(hdr)
-        data_starts.append(h.data_start)
-    tensors: tp.Dict[str, StoredTensor] = {}
-    local: tp.List[tp.Dict[str, StoredTensor]] = []
-    new = tuple.__new__  # PieceRef / StoredTensor without NamedTuple.__new__'s Python frame (4000+ of each)
-    for i, hdr in enumerate(headers):
+        part.data_starts.append(h.data_start)
+        part.header_crcs.append(head_crc)
         mine: tp.Dict[str, StoredTensor] = {}
-        ds = data_starts[i]
+        ds = h.data_start
         for e in hdr["entries"]:
             key = e["key"]
             if "box" in e:
@@ -391,25 +473,35 @@ def build_index(ckpt_dir: PathLike) -> Index:
                 raise CheckpointFormatError(f"{ckpt_dir.name}: the stored pieces of tensor {key!r} disagree")
             else:
                 st_.pieces.append(ref)
-        local.append(mine)
-    name = ckpt_dir.name
-    for table in (tensors, *local):
-        for key, t in table.items():
-            _check_tiling(name, key, t)
-    trees = headers[0].get("trees")
-    if not isinstance(trees, dict):
-        raise CheckpointFormatError(f"{ckpt_dir.name}: shard 0 holds no state tree")
-    for name, tree in trees.items():
-        _check_tree(f"{ckpt_dir.name}: state tree {name!r}", tree, tensors)
-    local_trees: tp.List[tp.Optional[tp.Dict[str, tp.Any]]] = []
-    for i, hdr in enumerate(headers):
+        for key, t in mine.items():
+            _check_tiling(ckpt_dir.name, key, t)
         lt = hdr.get("local")
         if lt is not None and not isinstance(lt, dict):
             raise CheckpointFormatError(f"{ckpt_dir.name}: rank {i}'s local state is not a JSON object")
         if lt is not None:
-            _check_tree(f"{ckpt_dir.name}: rank {i}'s local state", lt, local[i])
-        local_trees.append(lt)
-    return Index(ckpt_dir, manifest, data_starts, tensors, local, trees, local_trees, header_crcs)
+            check_tree(f"{ckpt_dir.name}: rank {i}'s local state", lt, mine)
+        part.local.append(mine)
+        part.local_trees.append(lt)
+        if i == 0:
+            part = part._replace(trees=hdr.get("trees"))
+    for key, t in tensors.items():
+        p0 = t.pieces[0]
+        if len(t.pieces) == 1 and p0.box is None and p0.start == 0 and p0.stop == t.numel:
+            continue  # most tensors: one range piece, the whole tensor
+        if p0.box is not None or not _tiles(t):
+            part.partial.append(key)  # chunks of a sharded tensor, or a range split over shards
+    return part
+
+
+def _tiles(t: StoredTensor) -> bool:
+    """Whether the range pieces of ``t`` tile it (sorted in place by start)."""
+    t.pieces.sort(key=lambda p: p.start)
+    pos = 0
+    for p in t.pieces:
+        if p.box is not None or p.start != pos:
+            return False
+        pos = p.stop
+    return pos == t.numel
 
 
 def _check_tiling(where: str, key: str, t: StoredTensor) -> None:
@@ -432,49 +524,6 @@ def _check_tiling(where: str, key: str, t: StoredTensor) -> None:
         pos = p.stop
     if pos != t.numel:
         raise CheckpointFormatError(f"{where}: tensor {key!r} is incomplete ({pos} of {t.numel} elements stored)")
-
-
-# What a node of a tree may be: a value, a dict key (a list becomes a tuple there), or an element of a key
-_VALUE, _KEY, _IN_KEY = 0, 1, 2
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _check_tree(where: str, tree: tp.Any, tensors: tp.Mapping[str, StoredTensor]) -> None:
-    """``unflatten`` will succeed on ``tree``: every tensor reference resolves, every ``__dict__`` pair is
-    ``[key, value]`` with a hashable key, every ``__tuple__`` holds a list. Mirrors ``_state.unflatten``."""
-    stack = [(tree, _VALUE)]
-    while stack:
-        node, role = stack.pop()
-        if isinstance(node, _SCALARS):
-            continue
-        if isinstance(node, list):
-            if role == _IN_KEY:
-                raise CheckpointFormatError(f"{where}: a dict key holds a list inside a list (not hashable)")
-            stack.extend((v, _IN_KEY if role == _KEY else _VALUE) for v in node)
-        elif "__tensor__" in node:
-            key = node["__tensor__"]
-            if role != _VALUE or set(node) - {"__tensor__", "as"}:
-                raise CheckpointFormatError(f"{where}: malformed tensor reference {str(node)[:80]}")
-            if not isinstance(key, str) or key not in tensors:
-                raise CheckpointFormatError(f"{where}: refers to tensor {str(key)[:80]!r}, which is not stored")
-            if node.get("as", "numpy") != "numpy" or ("as" in node and tensors[key].dtype not in NUMPY_DTYPES):
-                raise CheckpointFormatError(f"{where}: tensor {key!r} cannot be returned as {node['as']!r}")
-        elif "__tuple__" in node:
-            if not isinstance(node["__tuple__"], list):
-                raise CheckpointFormatError(f"{where}: a __tuple__ that is not a list")
-            stack.extend((v, _IN_KEY if role != _VALUE else _VALUE) for v in node["__tuple__"])
-        elif "__dict__" in node:
-            pairs = node["__dict__"]
-            if role != _VALUE or not isinstance(pairs, list):
-                raise CheckpointFormatError(f"{where}: malformed __dict__ {str(node)[:80]}")
-            for pair in pairs:
-                if not (isinstance(pair, list) and len(pair) == 2):
-                    raise CheckpointFormatError(f"{where}: a __dict__ item is not a [key, value] pair")
-                stack += [(pair[0], _KEY), (pair[1], _VALUE)]
-        elif role != _VALUE:
-            raise CheckpointFormatError(f"{where}: a dict key holds a dict (not hashable)")
-        else:
-            stack.extend((v, _VALUE) for v in node.values())
 
 
 # ---------------------------------------------------------------------------------------------- tools
@@ -501,25 +550,6 @@ def verify_dir(
     return index.manifest
 
 
-def _tensor_keys(tree: tp.Any) -> tp.List[str]:
-    """Tensor keys in the order ``unflatten`` meets them (the tree is checked: depth is bounded)."""
-    out: tp.List[str] = []
-
-    def walk(node: tp.Any) -> None:
-        if isinstance(node, dict):
-            if "__tensor__" in node:
-                out.append(node["__tensor__"])
-                return
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(tree)
-    return out
-
-
 def digest_dir(ckpt_dir: PathLike) -> tp.Dict[str, str]:
     """sha256 per top-level state entry, independent of the world size that wrote the checkpoint.
 
@@ -533,7 +563,7 @@ def digest_dir(ckpt_dir: PathLike) -> tp.Dict[str, str]:
     try:
         for name in sorted(index.trees):
             h = hashlib.sha256(json.dumps(index.trees[name], sort_keys=True).encode())
-            for key in _tensor_keys(index.trees[name]):
+            for key in tensor_keys(index.trees[name]):
                 t = index.tensors[key]
                 h.update(json.dumps([t.dtype, list(t.shape)]).encode())
                 # the global value in row-major order, however it was split (ranges) or sharded (chunks)

@@ -24,9 +24,19 @@ from hpctrain.ckpt._reader import Index, StoredTensor
 from hpctrain.ckpt._state import DTYPES, unflatten
 from hpctrain.errors import HpctrainError
 
-__all__ = ["Want", "Plan", "plan", "fill", "RESTORE_MODES"]
+__all__ = ["Want", "Plan", "plan", "fill", "RESTORE_MODES", "resolve_mode"]
 
-RESTORE_MODES = ("read_once", "read_all")
+RESTORE_MODES = ("auto", "read_once", "read_all")
+
+
+def resolve_mode(mode: str, hosts: int) -> str:
+    """``auto``: ``read_once`` when the ranks span several hosts (each byte leaves the filesystem once instead of
+    once per host), ``read_all`` when they share one host: there the page cache already hands every rank the
+    bytes one rank read from the filesystem, and reading it beats moving the bytes over loopback TCP (measured
+    in docs/checkpoint.md). The other modes are taken as they are."""
+    if mode != "auto":
+        return mode
+    return "read_once" if hosts > 1 else "read_all"
 
 
 class _Ref:
@@ -78,7 +88,10 @@ class Want(tp.NamedTuple):
 
 class Plan(tp.NamedTuple):
     skeletons: tp.Dict[str, tp.Any]
-    wants: tp.Dict[str, Want]
+    whole: tp.List[str]
+    """Keys of the stored tensors wanted whole (plain targets: replicated state, scalars): read by file region."""
+    chunks: tp.Dict[str, Want]
+    """The others: a DTensor target's new local chunk, and this rank's own rank-local state (RNG)."""
     stored: tp.Dict[str, StoredTensor]
 
 
@@ -105,21 +118,22 @@ def plan(index: Index, step: int, targets: tp.Sequence[tp.Tuple[str, tp.Any]], s
             skeletons[name] = _check_model(step, obj, skeletons[name], stored, strict, likes)
         elif name == "optimizer":
             _check_optimizer(step, obj, skeletons[name], stored, likes)
-    wants: tp.Dict[str, Want] = {}
+    whole_keys: tp.Dict[str, None] = {}  # replicated tensors and those wanted whole, in the order met
+    chunks: tp.Dict[str, Want] = {}
     for ref in refmap.refs:
         like = likes.get(ref.key)
         if like is None:
-            wants[ref.key] = Want(ref.key, whole(stored[ref.key].shape), None)
-        else:
-            st = stored[ref.key]
-            box = local_box(like)
-            if box is None:  # not in this DTensor's mesh: an empty chunk
-                box = (tuple(0 for _ in st.shape), tuple(0 for _ in st.shape))
-            wants[ref.key] = Want(ref.key, box, like)
+            whole_keys[ref.key] = None
+            continue
+        st = stored[ref.key]
+        box = local_box(like)
+        if box is None:  # not in this DTensor's mesh: an empty chunk
+            box = (tuple(0 for _ in st.shape), tuple(0 for _ in st.shape))
+        chunks[ref.key] = Want(ref.key, box, like)
     if rank < len(index.shards):
         for key, st in index.local[rank].items():
-            wants[key] = Want(key, whole(st.shape), None)
-    return Plan(skeletons, wants, stored)
+            chunks[key] = Want(key, whole(st.shape), None)
+    return Plan(skeletons, list(whole_keys), chunks, stored)
 
 
 def _check_tensor(where: str, key: str, st: StoredTensor, target: tp.Any) -> None:

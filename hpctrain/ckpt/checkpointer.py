@@ -30,7 +30,7 @@ from hpctrain.ckpt._format import (
     step_name,
 )
 from hpctrain.ckpt._reader import Index, build_index
-from hpctrain.ckpt._restore import RESTORE_MODES, Plan, fill, plan
+from hpctrain.ckpt._restore import RESTORE_MODES, Plan, fill, plan, resolve_mode
 from hpctrain.ckpt._scan import (
     ABANDONED_AFTER_S,
     Deleter,
@@ -89,10 +89,12 @@ class CheckpointConfig:
     for ``abandoned_after_s``."""
     abandoned_after_s: float = ABANDONED_AFTER_S
     """A temporary directory whose writers cannot be proven gone is left alone until untouched this long."""
-    restore_mode: str = "read_once"
+    restore_mode: str = "auto"
     """``read_once``: each rank reads about 1/world of the replicated state from the files and the ranks
     exchange the rest over the checkpointer's gloo group (the filesystem sees each byte once).
-    ``read_all``: every rank reads all of it (no network traffic; N times the filesystem reads).
+    ``read_all``: every rank reads all of it (no network traffic; every host reads the whole checkpoint).
+    ``auto``: ``read_once`` when the ranks run on several hosts, ``read_all`` when they share one (its page
+    cache serves the bytes to every rank, and that is faster than the loopback exchange).
     Sharded (DTensor) state is always read by the ranks that need it, each byte range once."""
 
     def __post_init__(self) -> None:
@@ -390,11 +392,13 @@ class Checkpointer:
         targets = [
             (n, o) for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler)) if o is not None
         ]
+        share = (self.rank, self.world_size, self._comm.all_gather) if self.world_size > 1 else None
+        mode = resolve_mode(self.config.restore_mode, self._comm.hosts)
         for s in common:
             path = self.root / step_name(s)
             index: tp.Optional[Index] = None
             try:
-                index, err = build_index(path), ""
+                index, err = build_index(path, share=share), ""
             except CheckpointFormatError as exc:
                 err = f"rank {self.rank}: {exc}"
             except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
@@ -411,9 +415,7 @@ class Checkpointer:
                 if mismatch:
                     raise HpctrainError(mismatch[0])
                 assert p is not None
-                tensors, errors = read(
-                    index, p, self._comm, mode=self.config.restore_mode, verify=self.config.verify_checksums
-                )
+                tensors, errors = read(index, p, self._comm, mode=mode, verify=self.config.verify_checksums)
                 if not errors:
                     return self._apply(
                         s, path, index, p, tensors, quarantined, targets, map_location, strict, restore_rng

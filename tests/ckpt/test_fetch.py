@@ -22,6 +22,7 @@ from hpctrain.ckpt import CheckpointConfig, Checkpointer
 from hpctrain.ckpt._entries import _entry_problem, _ranges_ok
 from hpctrain.ckpt._format import HEADER_PREFIX
 from hpctrain.ckpt._reader import MAX_JSON_DEPTH, _check_depth, _loads, _shallow, read_header, verify_dir
+from hpctrain.ckpt._restore import resolve_mode
 from hpctrain.errors import CheckpointFormatError
 from tests.ckpt import fetch_workers as fw
 from tests.multiproc import run_world
@@ -195,3 +196,11 @@ def test_the_json_depth_from_bytes_agrees_with_the_tree_walk():
                 _loads(raw, "x", "header")
         else:
             assert _loads(raw, "x", "header") == obj
+
+
+def test_auto_mode_reads_once_across_hosts_and_all_on_one_host():
+    assert resolve_mode("auto", hosts=1) == "read_all"
+    assert resolve_mode("auto", hosts=2) == "read_once"
+    assert [resolve_mode(m, hosts=h) for m in ("read_once", "read_all") for h in (1, 3)] == ["read_once"] * 2 + [
+        "read_all"
+    ] * 2

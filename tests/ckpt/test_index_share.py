@@ -1,0 +1,94 @@
+"""The shared index of a restore: each rank parses and checks only its share of a checkpoint's shard headers
+(``build_index(share=...)``) and the ranks exchange what they found.
+
+Every rank must end with the same index as one process that reads every header, and damage that one process
+finds must be found by some rank (the restore then agrees on it and quarantines the step). The ranks are
+threads here, so that every world size and every crafted header runs in a few milliseconds; the real
+multi-process path (pickled parts over gloo) is covered by every multi-rank restore test."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import typing as tp
+from pathlib import Path
+
+import pytest
+
+from hpctrain.ckpt._reader import Index, build_index
+from hpctrain.errors import CheckpointFormatError
+from tests.ckpt import damage
+from tests.ckpt import workers as w
+from tests.ckpt.test_hostile import CRAFTED
+from tests.multiproc import run_world
+
+STEP = "step-000000002"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("three")
+    run_world(w.save_steps, 3, str(d), [1, 2])
+    return d / STEP
+
+
+def shared_index(step_dir: Path, world: int) -> tp.List[tp.Union[Index, CheckpointFormatError]]:
+    """``build_index`` as ``world`` ranks call it in a restore: one thread per rank, the exchange an all-gather
+    between the threads."""
+    barrier = threading.Barrier(world, timeout=30)
+    slots: tp.List[tp.Any] = [None] * world
+    out: tp.List[tp.Any] = [None] * world
+
+    def rank(r: int) -> None:
+        def exchange(obj: tp.Any) -> tp.List[tp.Any]:
+            slots[r] = obj
+            barrier.wait()
+            got = list(slots)
+            barrier.wait()
+            return got
+
+        try:
+            out[r] = build_index(step_dir, share=(r, world, exchange))
+        except CheckpointFormatError as exc:
+            out[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def summary(index: Index) -> tp.Any:
+    tensors = {k: (t.dtype, t.shape, sorted(t.pieces)) for k, t in index.tensors.items()}
+    return tensors, index.data_starts, index.header_crcs, index.local, index.trees, index.local_trees
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_rank_gets_the_index_one_process_builds(saved, world):
+    want = summary(build_index(saved))
+    got = shared_index(saved, world)
+    assert all(isinstance(i, Index) for i in got), got
+    assert all(summary(i) == want for i in got)
+    assert len(want[0]) > 10 and any(len(p) > 1 for _, _, p in want[0].values())  # some tensor spans shards
+
+
+# the crafted headers that change the state trees, which only shard 0 holds
+TREE_KINDS = {"missing tensor", "trees not a dict", "no trees", "deep tree", "dict pair not a pair"}
+TREE_KINDS |= {"unhashable key", "tuple not a list", "bf16 as numpy"}
+CASES = [(k, 0) for k in sorted(CRAFTED)] + [(k, 2) for k in sorted(CRAFTED) if k not in TREE_KINDS]
+
+
+@pytest.mark.parametrize("kind,shard", CASES)
+def test_damage_one_process_finds_is_found_by_some_rank(saved, tmp_path, kind, shard):
+    step = tmp_path / STEP
+    shutil.copytree(saved, step)
+    damage.rewrite_shard(step, shard, CRAFTED[kind])
+    with pytest.raises(CheckpointFormatError):
+        build_index(step)
+    for world in (2, 3, 4):
+        got = shared_index(step, world)
+        errors = [str(i) for i in got if isinstance(i, CheckpointFormatError)]
+        assert errors, (kind, shard, world)
+        assert all("\n" not in e for e in errors)
