@@ -6,7 +6,9 @@ With G GPUs (G = min(2, visible)): G ranks on NCCL (plus the checkpointer's own 
 FSDP2 (``fully_shard``) model for 2 steps with AdamW and save it; the same state saved as plain
 (replicated) tensors by one process must digest equal; then the FSDP2 checkpoint is restored (a) into
 FSDP2 on the G GPUs (same layout), (b) into 2 CPU ranks on gloo (G -> 2 reshard; 1 -> 2 on one GPU) and
-(c) into a plain model on one GPU, and every restore must equal the saved global values bit for bit.
+(c) into a plain model on one GPU, and every restore must equal the saved global values bit for bit. With 2
+GPUs, the replicated checkpoint is also restored read-once on both, its bytes exchanged over NCCL through device
+buffers (``restore_exchange="device"``) and over gloo in host memory (``"host"``); both must be exact.
 
 Prints one JSON object (also DIR/gpu_check_sharded.json); exit 0 when every check held, 1 when one failed,
 2 (one line on stderr) when CUDA is not available.
@@ -71,6 +73,21 @@ def _rank(rank: int, world: int, port: int, phase: str, args: argparse.Namespace
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
     dev = f"cuda:{rank}" if gpu else "cpu"
+    if phase == "replicated":  # the plain checkpoint, read once: the exchange over NCCL (device) and gloo (host)
+        hashes = {}
+        for exchange in ("device", "host"):
+            model = _model(args.hidden).to(dev)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            cfg = CheckpointConfig(dir=Path(args.out) / "plain", restore_mode="read_once", restore_exchange=exchange)
+            ck = Checkpointer(cfg)
+            ck.restore(model=model, optimizer=opt)
+            ck.close()
+            hashes[exchange] = _hash(model, opt)
+        if rank == 0:
+            Path(out).write_text(json.dumps(hashes))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     mesh = init_device_mesh("cuda" if gpu else "cpu", (world,))
     ck = Checkpointer(CheckpointConfig(dir=Path(args.out) / "fsdp", keep_last=0))
     model = _fsdp(_model(args.hidden).to(dev), mesh)
@@ -153,6 +170,10 @@ def main() -> int:
         into_plain_gpu_model_exact=plain_hash == saved["hash"],
         digest_fsdp_equals_plain=digest_equal,
     )
+    if gpus >= 2:  # NCCL needs a GPU per rank: with one GPU there is no exchange to check
+        rep = _spawn(gpus, "replicated", args)
+        result["replicated_read_once_nccl_exchange_exact"] = rep["device"] == saved["hash"]
+        result["replicated_read_once_gloo_exchange_exact"] = rep["host"] == saved["hash"]
     ok = all(v for k, v in result.items() if k.endswith(("_exact", "_plain")))
     result["ok"] = ok
     text = json.dumps(result, indent=2)

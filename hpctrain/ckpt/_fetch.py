@@ -231,11 +231,70 @@ class _Views:
         return t
 
 
+class Route(tp.NamedTuple):
+    """Where ``read_once`` exchanges the bytes."""
+
+    group: tp.Any
+    """The process group (None: the default, training group)."""
+    device: tp.Optional[torch.device]
+    """None: in place in host memory; else through buffers on this device (NCCL moves only device memory)."""
+
+
+EXCHANGES = ("auto", "host", "device")
+
+
+def route(setting: str, comm: Comm) -> Route:
+    """``host``: the checkpointer's gloo group, in host memory. ``device``: the training (default) group through
+    buffers on its device (the current CUDA device under NCCL, the CPU under gloo). ``auto``: ``device`` when the
+    default group is NCCL (NVLink and InfiniBand instead of TCP), else ``host``."""
+    import torch.distributed as dist
+
+    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
+    if setting == "host" or (setting == "auto" and "nccl" not in backend):
+        return Route(comm.group, None)
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
+    return Route(None, device)
+
+
+_DEVICE_ROUND = 1 << 30
+"""The device path gathers at most this many bytes (all ranks' parts together) a round: bounded device memory."""
+
+
+def _gather() -> tp.Callable[..., tp.Any]:
+    import torch.distributed as dist
+
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
+
+
+def _gather_through_device(
+    buf: torch.Tensor, chunk: int, rank: int, world: int, route: Route, round_bytes: int = _DEVICE_ROUND
+) -> None:
+    """Every rank's ``chunk`` bytes of ``buf`` (rank r's at ``r * chunk``) to every rank, through a device buffer
+    in rounds: each round copies this rank's next piece to the device, all-gathers the pieces on the route's
+    group, and copies all of them back into their places in ``buf`` with one strided copy (this rank's own
+    piece comes back unchanged). The copies into pageable host memory are synchronous: ``buf`` holds every
+    byte when this returns."""
+    piece = align(max(1, min(chunk, round_bytes // world)))
+    dev = torch.empty(piece * world, dtype=torch.uint8, device=route.device)
+    rows = buf[: chunk * world].view(world, chunk)
+    gather = _gather()
+    for off in range(0, chunk, piece):
+        n = min(piece, chunk - off)
+        out = dev[: n * world]
+        mine = out[rank * n : (rank + 1) * n]
+        mine.copy_(rows[rank, off : off + n])
+        gather(out, mine, group=route.group)
+        rows[:, off : off + n].copy_(out.view(world, n))
+    del dev
+
+
 def read(
-    index: Index, p: "Plan", comm: Comm, *, mode: str, verify: bool
+    index: Index, p: "Plan", comm: Comm, *, mode: str, verify: bool, route: tp.Optional[Route] = None
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
     """Read what this rank needs (collective: every rank calls it for the same step). Return the tensors
-    (plain tensors whole, DTensor chunks as local tensors) and the errors of every rank ([] = verified)."""
+    (plain tensors whole, DTensor chunks as local tensors) and the errors of every rank ([] = verified).
+    ``route``: where ``read_once`` exchanges the bytes (default: host memory on the checkpointer's group)."""
+    route = route or Route(comm.group, None)
     rank, world = comm.rank, comm.world
     stored, shared = p.stored, p.whole
     segs = _Segments() if verify else None
@@ -265,16 +324,15 @@ def read(
     except Exception as exc:  # noqa: BLE001 - any failure to read: the step is rejected on every rank
         err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     work = None
-    if once and total:
-        import torch.distributed as dist
-
-        try:  # CPU tensors on the checkpointer's own gloo group (never the training group's NCCL)
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
-            work = gather(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
-        except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
-            raise comm._fail(exc) from exc
+    try:
+        if once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
+            work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
+        elif once and total:
+            _gather_through_device(buf, chunk, rank, world, route)
+    except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
+        raise comm._fail(exc) from exc
     views = _Views(buf, at)
-    tensors, rest = views.views(stored, shared)  # while the gather runs: metadata only
+    tensors, rest = views.views(stored, shared)  # while a host gather runs: metadata only
     if work is not None:
         try:
             work.wait()

@@ -21,7 +21,7 @@ import torch
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._dtensor import check_placements, fully_replicated, is_dtensor, local_box, writes_chunk
-from hpctrain.ckpt._fetch import read
+from hpctrain.ckpt._fetch import EXCHANGES, read, route
 from hpctrain.ckpt._format import (
     SMALL_PIECE_BYTES,
     CheckpointFormatError,
@@ -96,6 +96,11 @@ class CheckpointConfig:
     ``auto``: ``read_once`` when the ranks run on several hosts, ``read_all`` when they share one (its page
     cache serves the bytes to every rank, and that is faster than the loopback exchange).
     Sharded (DTensor) state is always read by the ranks that need it, each byte range once."""
+    restore_exchange: str = "auto"
+    """How ``read_once`` ranks exchange the bytes. ``host``: in host memory over the checkpointer's own gloo
+    group. ``device``: over the training (default) process group through buffers on its device, at most 1 GiB
+    of device memory at a time (under NCCL: NVLink/InfiniBand instead of TCP). ``auto``: ``device`` when the
+    default group is NCCL, else ``host``."""
 
     def __post_init__(self) -> None:
         if not str(self.dir):
@@ -106,6 +111,10 @@ class CheckpointConfig:
             raise UsageError(f"CheckpointConfig.keep_every must be >= 0 (0 = off), got {self.keep_every}")
         if not self.agreement_timeout_s > 0:
             raise UsageError(f"CheckpointConfig.agreement_timeout_s must be > 0, got {self.agreement_timeout_s}")
+        if self.restore_exchange not in EXCHANGES:
+            raise UsageError(
+                f"CheckpointConfig.restore_exchange must be one of {EXCHANGES}, got {self.restore_exchange!r}"
+            )
         if self.restore_mode not in RESTORE_MODES:
             raise UsageError(f"CheckpointConfig.restore_mode must be one of {RESTORE_MODES}, got {self.restore_mode!r}")
         if not self.abandoned_after_s > 0:
@@ -415,7 +424,14 @@ class Checkpointer:
                 if mismatch:
                     raise HpctrainError(mismatch[0])
                 assert p is not None
-                tensors, errors = read(index, p, self._comm, mode=mode, verify=self.config.verify_checksums)
+                tensors, errors = read(
+                    index,
+                    p,
+                    self._comm,
+                    mode=mode,
+                    verify=self.config.verify_checksums,
+                    route=route(self.config.restore_exchange, self._comm),
+                )
                 if not errors:
                     return self._apply(
                         s, path, index, p, tensors, quarantined, targets, map_location, strict, restore_rng

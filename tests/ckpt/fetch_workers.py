@@ -51,14 +51,15 @@ def save(rank: int, world: int, d: str, steps: tp.Sequence[int]) -> None:
 
 
 def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -> tp.List[tp.Dict[str, tp.Any]]:
-    """Restore model and optimizer (not the ``scaler``) from each ``(dir, restore_mode, fault)``: the step,
-    what was quarantined, and whether the values are bit-exact the saved step's."""
+    """Restore model and optimizer (not the ``scaler``) from each ``(dir, restore_mode[+exchange], fault)``: the
+    step, what was quarantined, and whether the values are bit-exact the saved step's."""
     out = []
     for d, mode, fault in jobs:
         if fault:
             os.environ["HPCTRAIN_CKPT_FAULT"] = fault
+        mode, _, exchange = mode.partition("+")
         try:
-            ck = Checkpointer(cfg(d, restore_mode=mode))
+            ck = Checkpointer(cfg(d, restore_mode=mode, restore_exchange=exchange or "host"))
             model, opt, _ = state(999)
             res = ck.restore(model=Holder(model), optimizer=Holder(opt))
             ck.close()
@@ -72,3 +73,17 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
         exact = exact and all(torch.equal(opt[k], want_opt[k]) for k in want_opt)
         out.append({"step": res.step, "quarantined": res.quarantined, "exact": exact})
     return out
+
+
+def device_gather(rank: int, world: int, chunk: int, round_bytes: int) -> bool:
+    """The exchange through device buffers (CPU buffers, gloo) in rounds of ``round_bytes``: every rank ends
+    with every rank's ``chunk`` bytes in place."""
+    from hpctrain.ckpt._fetch import Route, _gather_through_device
+
+    def part(r: int) -> torch.Tensor:
+        return ((torch.arange(chunk) * (r + 1) + r) % 251).to(torch.uint8)
+
+    buf = torch.full((chunk * world,), 255, dtype=torch.uint8)
+    buf[rank * chunk : (rank + 1) * chunk] = part(rank)
+    _gather_through_device(buf, chunk, rank, world, Route(None, torch.device("cpu")), round_bytes=round_bytes)
+    return bool(torch.equal(buf, torch.cat([part(r) for r in range(world)])))

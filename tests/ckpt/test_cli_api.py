@@ -123,6 +123,7 @@ def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
         ({"free_space_margin": 0.5}, "free_space_margin"),
         ({"lustre_stripe": "-c -1"}, "lustre_stripe"),
         ({"restore_mode": "read_some"}, "restore_mode"),
+        ({"restore_exchange": "nccl"}, "restore_exchange"),
     ]:
         with pytest.raises(UsageError, match=needle):
             hpctrain.ckpt.CheckpointConfig(dir=str(tmp_path), **kw)

@@ -28,6 +28,8 @@ from tests.ckpt import fetch_workers as fw
 from tests.multiproc import run_world
 
 STEPS = list(range(1, 9))
+MODES = ("read_once", "read_all", "read_once+device")
+"""restore_mode, and "+device": the exchange through device buffers on the training group (CPU and gloo here)."""
 
 
 def _shard(step_dir: Path, i: int) -> Path:
@@ -106,19 +108,19 @@ def damaged(tmp_path_factory):
         where[kind] = step
         with pytest.raises(CheckpointFormatError, match="checksum mismatch"):
             verify_dir(step_dir)
-    for mode in ("read_once", "read_all", "one"):
+    for mode in (*MODES, "one"):
         shutil.copytree(root / "ck", root / mode)
     shutil.copytree(root / "intact", root / "fault")
-    jobs = [(str(root / m), m, "") for m in ("read_once", "read_all")]
+    jobs = [(str(root / m), m, "") for m in MODES]
     jobs.append((str(root / "fault"), "read_once", "restore_read:1:raiseonce"))
     two = run_world(fw.restore, 2, jobs).results
     return root, where, two
 
 
-def test_a_flipped_byte_anywhere_fails_its_step_in_both_modes_on_two_ranks(damaged):
+def test_a_flipped_byte_anywhere_fails_its_step_in_every_mode_and_exchange_on_two_ranks(damaged):
     _, where, two = damaged
     assert set(where) == set(KINDS)
-    for job in (0, 1):  # read_once, read_all: every damaged step quarantined, newest first, then step 1 exact
+    for job in range(len(MODES)):  # every damaged step quarantined, newest first, then step 1 exact
         assert [r[job] for r in two] == [{"step": 1, "quarantined": STEPS[:0:-1], "exact": True}] * 2
 
 
@@ -132,7 +134,7 @@ def test_a_flipped_byte_anywhere_fails_its_step_on_one_process(damaged):
 
 def test_a_read_error_on_one_rank_makes_both_fall_back_together(damaged):
     _, _, two = damaged
-    assert [r[2] for r in two] == [{"step": STEPS[-2], "quarantined": [STEPS[-1]], "exact": True}] * 2
+    assert [r[len(MODES)] for r in two] == [{"step": STEPS[-2], "quarantined": [STEPS[-1]], "exact": True}] * 2
 
 
 def test_an_intact_checkpoint_restores_bit_exact_across_world_sizes(damaged):
@@ -204,3 +206,8 @@ def test_auto_mode_reads_once_across_hosts_and_all_on_one_host():
     assert [resolve_mode(m, hosts=h) for m in ("read_once", "read_all") for h in (1, 3)] == ["read_once"] * 2 + [
         "read_all"
     ] * 2
+
+
+@pytest.mark.parametrize("round_bytes", [200, 1 << 30])  # 4 rounds (the last one short), and one
+def test_the_exchange_through_device_buffers_puts_every_byte_in_place(round_bytes):
+    assert run_world(fw.device_gather, 3, 7 * 64, round_bytes).results == [True] * 3
