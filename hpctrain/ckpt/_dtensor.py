@@ -16,7 +16,16 @@ import torch
 from hpctrain.ckpt._boxes import Box
 from hpctrain.errors import UsageError
 
-__all__ = ["is_dtensor", "fully_replicated", "local_box", "writes_chunk", "from_local", "check_placements"]
+__all__ = [
+    "is_dtensor",
+    "fully_replicated",
+    "local_box",
+    "writes_chunk",
+    "from_local",
+    "check_placements",
+    "Replicas",
+    "replicas",
+]
 
 
 def _dtensor_type() -> tp.Any:
@@ -64,6 +73,31 @@ def writes_chunk(t: tp.Any) -> bool:
     if coord is None:
         return False
     return all(c == 0 for c, p in zip(coord, t.placements) if type(p).__name__ == "Replicate")
+
+
+class Replicas(tp.NamedTuple):
+    """The ranks that hold the same chunk of a DTensor as this rank: its mesh dimension's group."""
+
+    group: tp.Any
+    size: int
+    index: int
+    """This rank's place in the group."""
+    device: tp.Optional[torch.device]
+    """The mesh's device (its group is NCCL's): the bytes go through buffers there; None on a CPU mesh."""
+
+
+def replicas(t: tp.Any) -> tp.Optional[Replicas]:
+    """The replica group of DTensor ``t``'s chunk when ``t`` is ``Replicate`` on exactly one mesh dimension of size
+    2 or more (HSDP: replicated across nodes, sharded within); None otherwise (each rank reads its chunk)."""
+    mesh = t.device_mesh
+    dims = [d for d, p in enumerate(t.placements) if type(p).__name__ == "Replicate"]
+    if len(dims) != 1 or mesh.get_coordinate() is None or mesh.size(dims[0]) < 2:
+        return None
+    if mesh.device_type not in ("cpu", "cuda"):
+        return None
+    d = dims[0]
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else None
+    return Replicas(mesh.get_group(d), mesh.size(d), mesh.get_local_rank(d), device)
 
 
 def from_local(local: torch.Tensor, like: tp.Any) -> tp.Any:

@@ -30,7 +30,7 @@ import torch
 
 from hpctrain.ckpt._boxes import crc32_combine
 from hpctrain.ckpt._commit import Comm, fault
-from hpctrain.ckpt._dtensor import from_local
+from hpctrain.ckpt._dtensor import Replicas, from_local, replicas
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
 from hpctrain.ckpt._reader import _BYTES_READ, Index, StoredTensor
 from hpctrain.ckpt._state import DTYPES
@@ -288,6 +288,34 @@ def _gather_through_device(
     del dev
 
 
+def _share_chunks(
+    rep: Replicas,
+    wants: tp.List[tp.Any],
+    stored: tp.Mapping[str, StoredTensor],
+    own: tp.Dict[str, torch.Tensor],
+    runs: tp.List[Run],
+) -> tp.Tuple[Replicas, torch.Tensor, int]:
+    """DTensor chunks that the ranks of ``rep`` all need, read once among them: the chunks packed one after
+    another into one buffer, this rank's 1/size of it added to ``runs``, each chunk a view of the buffer in
+    ``own``. Return what the exchange needs: the group, the buffer, the part each rank reads."""
+    offsets, total = [], 0
+    for w in wants:
+        offsets.append(total)
+        total = align(total + math.prod(w.box[1]) * DTYPE_SIZES[stored[w.key].dtype])
+    part = align(-(-total // rep.size))
+    buf = torch.empty(part * rep.size, dtype=torch.uint8)
+    lo, hi, base = rep.index * part, min((rep.index + 1) * part, total), buf.data_ptr()
+    for w, off in zip(wants, offsets):
+        st = stored[w.key]
+        es = DTYPE_SIZES[st.dtype]
+        for sh, pos, d, n in st.runs(w.box, es):
+            a, b = max(off + d, lo), min(off + d + n, hi)
+            if a < b:
+                runs.append((sh, pos + a - off - d, base + a, b - a))
+        own[w.key] = buf[off : off + math.prod(w.box[1]) * es].view(DTYPES[st.dtype])
+    return rep, buf, part
+
+
 def read(
     index: Index, p: "Plan", comm: Comm, *, mode: str, verify: bool, route: tp.Optional[Route] = None
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
@@ -310,11 +338,17 @@ def read(
         if a < b:
             runs.append((r.shard, r.start + a - r.at, base + a, b - a))
     own: tp.Dict[str, torch.Tensor] = {}  # DTensor chunks and this rank's RNG: the overlapping runs only
+    groups: tp.Dict[int, tp.Tuple[Replicas, tp.List[tp.Any]]] = {}
     for w in p.chunks.values():
         st = stored[w.key]
         es = DTYPE_SIZES[st.dtype]
+        rep = replicas(w.like) if w.like is not None and math.prod(w.box[1]) else None
+        if rep is not None and mode == "read_once":  # a chunk its replicas share: read once among them
+            groups.setdefault(id(rep.group), (rep, []))[1].append(w)
+            continue
         mem = own[w.key] = torch.empty(math.prod(w.box[1]), dtype=DTYPES[st.dtype])
         runs += [(sh, pos, mem.data_ptr() + d, n) for sh, pos, d, n in st.runs(w.box, es)]
+    shared_chunks = [_share_chunks(rep, ws, stored, own, runs) for rep, ws in groups.values()]  # plan order
     err = ""
     try:
         fault("restore_read", rank)
@@ -329,6 +363,11 @@ def read(
             work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
         elif once and total:
             _gather_through_device(buf, chunk, rank, world, route)
+        for rep, gbuf, part in shared_chunks:  # the same groups in the same order on every rank
+            if rep.device is None:
+                _gather()(gbuf, gbuf[rep.index * part : (rep.index + 1) * part], group=rep.group)
+            else:
+                _gather_through_device(gbuf, part, rep.index, rep.size, Route(rep.group, rep.device))
     except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
         raise comm._fail(exc) from exc
     views = _Views(buf, at)

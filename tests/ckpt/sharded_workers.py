@@ -108,6 +108,16 @@ def world4(rank: int, world: int, root: str) -> tp.Dict[str, tp.Any]:
     _restore(root_p / "fsdp4", m3, o3)
     out["fsdp4_into_2x2"] = full_hash(m3, o3)
     _save(root_p / "tp2x2", 3, m3, o3)
+    # HSDP (fully_shard on a 2-D mesh: Replicate x Shard(0)): the two replicas of a chunk read it once between
+    # them in read_once mode, each its own copy in read_all mode; both exact
+    from hpctrain.ckpt._reader import bytes_read
+
+    mh = fsdp(make(11), init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
+    oh = adamw(mh)
+    for mode in ("read_once", "read_all"):
+        before = bytes_read()
+        _restore(root_p / "fsdp4", mh, oh, restore_mode=mode)
+        out[f"hsdp_{mode}"] = [full_hash(mh, oh), bytes_read() - before]
     return out
 
 
