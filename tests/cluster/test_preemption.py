@@ -184,9 +184,12 @@ def jobs(tmp_path_factory):
     # so with --time 1 it can land during a start-up slowed by the other jobs, before any step
     sub("timelimit", time_="2", tasks=2, constraint="steady", args=[*run, "--sleep", "0.5"])
     long = ["--steps", "2000", *common, "--sleep", "0.25"]
-    sub("cancel", time_="5", tasks=1, constraint="steady", args=long)
+    # --time 10 for the runs that the tests end themselves (scancel, USR2): they run while the tests before them
+    # wait for their jobs, and the time-limit warning of a --time 5 run (at 3:45, or up to 60 s earlier) came
+    # before the scancel in a CI run that took 18 minutes, requeueing the run the test expects to cancel
+    sub("cancel", time_="10", tasks=1, constraint="steady", args=long)
     sub("error", time_="5", tasks=1, constraint="steady", args=[*long, "--fail-at", "5"])
-    sub("bound", time_="5", tasks=1, constraint="steady", requeues=1, args=long)
+    sub("bound", time_="10", tasks=1, constraint="steady", requeues=1, args=long)
     kill = ["--steps", "2000", *common, "--sleep", "0.1", "--ckpt-every", "10", "--kill-in-save", "30"]
     sub("kill", time_="5", tasks=1, constraint="steady", args=[*kill, "--kill-after", "5"])
     yield j
