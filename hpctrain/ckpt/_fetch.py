@@ -6,10 +6,12 @@ they lie closer than ``_GAP`` bytes in a file (the alignment padding between the
 piece, comes along), and the regions are packed one after another into one host buffer. A shard written by
 the fully parallel save is then one region. With ``read_once`` each rank reads 1/world of that buffer (when
 the world size did not change, about the bytes it wrote) with a few large ``preadv`` calls and one
-``all_gather`` of the raw bytes on the checkpointer's gloo group hands every rank the rest; ``read_all``:
-every rank reads all of it. A tensor held in one piece becomes a view of the buffer (one ``as_strided``,
-no copy); one split over shards (at most world - 1 of them) is assembled with one copy per piece.
-DTensor targets read only the byte runs that overlap their new chunk, into their own memory.
+``all_gather`` of the raw bytes hands every rank the rest (on the checkpointer's gloo group in host memory, or
+on the training group through device buffers: :func:`route`); ``read_all``: every rank reads all of it. A
+tensor held in one piece becomes a view of the buffer (one ``as_strided``, no copy); one split over shards
+(at most world - 1 of them) is assembled with one copy per piece. DTensor targets read only the byte runs
+that overlap their new chunk; a chunk its replicas share (HSDP) is read once among them in ``read_once`` mode
+(:func:`_share_chunks`).
 
 Verification: each rank computes the crc32 of what it read, run by run as it reads (one value per run; a
 run is a region's part, so a few per rank); the rank that owns shard ``i`` (``i % world``) combines the runs

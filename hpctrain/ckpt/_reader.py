@@ -448,7 +448,8 @@ def _index_shards(ckpt_dir: Path, manifest: tp.Dict[str, tp.Any], which: tp.Iter
         with open_regular(p) as f:
             size = os.fstat(f.fileno()).st_size
             if size != shards[i]["bytes"]:
-                raise CheckpointFormatError(f"{_where(p)}: size {size} != {shards[i]['bytes']} in the manifest")
+                want = shards[i]["bytes"]
+                raise CheckpointFormatError(f"{_where(p)}: size {size} != {want} in the manifest (truncated?)")
             h, head_crc = _read_header_crc(f, size, _where(p))
         hdr = h.header
         for field, want in (("rank", i), ("world_size", world), ("step", step)):

@@ -403,6 +403,7 @@ class Checkpointer:
         ]
         share = (self.rank, self.world_size, self._comm.all_gather) if self.world_size > 1 else None
         mode = resolve_mode(self.config.restore_mode, self._comm.hosts)
+        via = route(self.config.restore_exchange, self._comm)
         for s in common:
             path = self.root / step_name(s)
             index: tp.Optional[Index] = None
@@ -430,7 +431,7 @@ class Checkpointer:
                     self._comm,
                     mode=mode,
                     verify=self.config.verify_checksums,
-                    route=route(self.config.restore_exchange, self._comm),
+                    route=via,
                 )
                 if not errors:
                     return self._apply(
