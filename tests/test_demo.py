@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from hpctrain.rundir import RunDir, read_jsonl
 from hpctrain.status.cli import collect
-from hpctrain.train.records import ledger_path, metrics_path, read_jsonl
 from tests.multiproc import run_world
 
 
@@ -39,7 +39,7 @@ def data(tmp_path_factory):
 
 
 def _losses(run_dir):
-    records, problems = read_jsonl(metrics_path(run_dir))
+    records, problems = read_jsonl(RunDir(run_dir).metrics)
     assert problems == []
     return {r["step"]: r["loss"] for r in records if r["kind"] == "interval"}
 
@@ -72,7 +72,7 @@ def test_stopped_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(t
     assert sorted(straight_curve) == list(range(1, 21)) and sorted(second_curve) == list(range(12, 21))
     assert {**first_curve, **second_curve} == straight_curve
     # the second start's ledger entry says where it resumed from; status reads the finished local run
-    start = read_jsonl(ledger_path(tmp_path / "second"))[0][0]
+    start = read_jsonl(RunDir(tmp_path / "second").ledger)[0][0]
     assert start["resumed_from_step"] == 11 and start["checkpoint_dir"] == ck and start["world_size"] == 2
     report = collect(tmp_path / "second")
     assert report["job"]["state"] == "COMPLETED" and report["progress"]["step"] == 20

@@ -12,18 +12,44 @@ from pathlib import Path
 
 __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult", "latest_committed"]
 
+
+class Committed(tuple):  # type: ignore[type-arg]
+    """``(step, path)`` of a committed checkpoint; ``.time`` (its manifest's commit time, None if not a
+    finite number) and ``.world_size`` ride along as attributes, so callers never parse manifests."""
+
+    step: int
+    path: Path
+    time: tp.Optional[float]
+    world_size: tp.Optional[int]
+
+    def __new__(cls, step: int, path: Path, time: tp.Optional[float], world_size: tp.Optional[int]) -> "Committed":
+        self = super().__new__(cls, (step, path))
+        self.step, self.path, self.time, self.world_size = step, path, time, world_size
+        return self
+
+
 if tp.TYPE_CHECKING:  # pragma: no cover
     from hpctrain.ckpt.checkpointer import CheckpointConfig, Checkpointer, RestoreResult
 
 
-def latest_committed(dir: tp.Union[str, os.PathLike]) -> tp.Optional[tp.Tuple[int, Path]]:
-    """``(step, path)`` of the newest committed checkpoint under ``dir`` (valid manifest), or None. Stdlib only."""
+def latest_committed(dir: tp.Union[str, os.PathLike]) -> tp.Optional[Committed]:
+    """``(step, path)`` of the newest committed checkpoint under ``dir`` (valid manifest), or None, with
+    ``.time`` and ``.world_size`` from its manifest. Stdlib only: the launcher and ``status`` ask this."""
+    import math
+
     from hpctrain.ckpt._scan import scan
 
     if not Path(dir).is_dir():
         return None
     committed = [e for e in scan(dir) if e.status == "committed"]
-    return (committed[-1].step, committed[-1].path) if committed else None
+    if not committed:
+        return None
+    newest = committed[-1]
+    manifest = newest.manifest or {}
+    saved, world = manifest.get("time"), manifest.get("world_size")
+    saved = float(saved) if isinstance(saved, (int, float)) and math.isfinite(saved) else None
+    world = world if isinstance(world, int) and not isinstance(world, bool) else None
+    return Committed(newest.step, newest.path, saved, world)
 
 
 def __getattr__(name: str) -> tp.Any:

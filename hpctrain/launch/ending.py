@@ -10,8 +10,11 @@ user error or peer failure). Rank 0 then decides for the job, because only it ma
    start record of this attempt against the newest committed ``step-N`` directory);
 3. decision: :func:`~hpctrain.runtime.preemption.requeue_decision` (cause, ``SLURM_RESTART_COUNT``
    against ``--max-requeues``, progress);
-4. ``scontrol requeue`` through :class:`~hpctrain.submit.slurm.SlurmCommands`, one line on stderr, and an
-   ``exit`` record in the run's ledger (``python -m hpctrain status`` shows it).
+4. ``scontrol requeue`` through :class:`~hpctrain._slurm.SlurmCommands`, one line on stderr, and an
+   ``exit`` record in the run's :class:`~hpctrain.ledger.Ledger` (``python -m hpctrain status`` shows it).
+
+Stdlib only, and below ``train/`` and ``status/`` in the house: it asks :class:`~hpctrain.rundir.RunDir`
+for paths and :func:`hpctrain.ckpt.latest_committed` for the newest commit.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
+from hpctrain.ledger import Ledger
+from hpctrain.rundir import RunDir
 from hpctrain.runtime.preemption import StopCause, classify_end, is_peer_failure, requeue_decision
 
 __all__ = ["AttemptEnd", "finish_attempt", "rank_end_path", "committed_progress", "requeue_job_id"]
@@ -39,7 +44,7 @@ class AttemptEnd:
 
 
 def rank_end_path(run_dir: Path, job_id: str, restart_count: int, rank: int) -> Path:
-    return Path(run_dir) / "ranks" / f"{job_id or 'local'}-r{restart_count}" / f"end-rank-{rank}.json"
+    return RunDir(run_dir).rank_end(job_id, restart_count, rank)
 
 
 def requeue_job_id(job_id: str, environ: tp.Mapping[str, str] = os.environ) -> str:
@@ -49,27 +54,17 @@ def requeue_job_id(job_id: str, environ: tp.Mapping[str, str] = os.environ) -> s
     return f"{array}_{task}" if array and task else job_id
 
 
-def _ledger_records(run_dir: Path) -> tp.List[tp.Dict[str, tp.Any]]:
-    from hpctrain.train.records import ledger_path, read_jsonl
-
-    return read_jsonl(ledger_path(run_dir))[0]
-
-
 def committed_progress(run_dir: Path, job_id: str, restart_count: int) -> tp.Tuple[tp.Optional[int], tp.Optional[int]]:
     """``(step this attempt resumed from, newest committed step now)``; None where unknown (an entry that
     does not use the Trainer writes no ledger start record)."""
-    from hpctrain.status.cli import last_checkpoint
+    from hpctrain.ckpt import latest_committed
 
-    mine = [
-        r
-        for r in _ledger_records(run_dir)
-        if r.get("event") == "start" and str(r.get("job_id")) == str(job_id) and r.get("restart_count") == restart_count
-    ]
-    if not mine:
+    start = Ledger(run_dir).attempt_start(job_id, restart_count)
+    if start is None:
         return None, None
-    start = mine[-1]
-    ck = last_checkpoint(start.get("checkpoint_dir"), [])
-    return start.get("resumed_from_step"), (ck or {}).get("step")
+    ckpt_dir = start.get("checkpoint_dir")
+    newest = latest_committed(ckpt_dir) if isinstance(ckpt_dir, str) and ckpt_dir else None
+    return start.get("resumed_from_step"), newest.step if newest is not None else None
 
 
 def _peer_causes(run_dir: Path, job_id: str, restart_count: int, world_size: int, wait_s: float) -> tp.List[str]:
@@ -133,7 +128,7 @@ def finish_attempt(
     slurm_state, limit = "", time_limit_s
     if on_slurm and (stop is not None or error is not None):
         if slurm is None:
-            from hpctrain.submit.slurm import SlurmCommands
+            from hpctrain._slurm import SlurmCommands
 
             slurm = SlurmCommands()
         slurm_state, squeue_limit = slurm.running_job(job_id)
@@ -168,7 +163,7 @@ def finish_attempt(
         if cause == StopCause.CANCELLED:
             reason += " (scancel; a preemption without GraceTime looks the same, and Slurm requeues those itself)"
     if requeued:
-        from hpctrain.submit.slurm import SlurmCommandError
+        from hpctrain._slurm import SlurmCommandError
 
         try:
             slurm.requeue(requeue_job_id(job_id))
@@ -192,9 +187,7 @@ def finish_attempt(
         "error": _short(error),
     }
     try:
-        from hpctrain.train.records import append_ledger
-
-        append_ledger(run_dir, record)
+        Ledger(run_dir).append(record)
     except OSError as exc:
         print(f"hpctrain: could not write the ledger exit record: {exc}", file=sys.stderr, flush=True)
     where = f" at step {agreed_step}" if agreed_step is not None else ""

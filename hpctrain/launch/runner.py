@@ -24,19 +24,11 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
+from hpctrain._entry import split_entry
 from hpctrain.errors import UsageError
+from hpctrain.rundir import RunDir
 
-__all__ = ["Runner", "load_entry", "split_entry"]
-
-
-def split_entry(entry: str) -> tp.Tuple[str, str]:
-    """``"pkg.mod:fn"`` -> ``("pkg.mod", "fn")``; anything else is a UsageError naming --entry."""
-    if len(entry) > 1000:  # a name no filesystem holds; keep the error line short
-        raise UsageError(f"--entry {entry[:40]!r}... is {len(entry)} characters; name a module:function")
-    module, sep, func = entry.partition(":")
-    if not sep or not module or not func or not all(p.isidentifier() for p in module.split(".") + func.split(".")):
-        raise UsageError(f"--entry {entry!r} is not of the form 'package.module:function'")
-    return module, func
+__all__ = ["Runner", "load_entry"]
 
 
 def load_entry(entry: str) -> tp.Callable[..., tp.Any]:
@@ -190,11 +182,11 @@ class Runner:
         raise SystemExit(0)
 
     def _record_rank(self, ctx: tp.Any, started: float, joined: float) -> None:
-        """``run_dir/ranks/<job>-r<restart>/rank-<N>.json``: what the login-node tools read about each task."""
-        folder = Path(self.run_dir) / "ranks" / f"{ctx.job_id or 'local'}-r{ctx.restart_count}"
-        folder.mkdir(parents=True, exist_ok=True)
+        """:meth:`RunDir.rank_record`: what the login-node tools read about each task."""
+        path = RunDir(self.run_dir).rank_record(ctx.job_id, ctx.restart_count, ctx.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(
-            folder / f"rank-{ctx.rank}.json",
+            path,
             {
                 "rank": ctx.rank,
                 "local_rank": ctx.local_rank,

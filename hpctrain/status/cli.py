@@ -1,7 +1,7 @@
 """``python -m hpctrain status RUN_DIR [--json]``: where a run stands, from the login node.
 
 Reads what the run directory holds (``submission.json`` from ``hpctrain.submit``, the training ledger
-and metrics from :mod:`hpctrain.train.records`, the checkpoint directory's committed steps) and asks
+and metrics (:mod:`hpctrain.rundir`), the checkpoint directory's committed steps) and asks
 Slurm for the job's state. Never imports torch: it must answer in well under a second on a login node.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hpctrain._cli import add_json_flag, command_parser
 from hpctrain.errors import HpctrainError, UsageError
-from hpctrain.train.records import ledger_path, metrics_path, read_jsonl
+from hpctrain.rundir import RunDir, read_jsonl
 
 __all__ = ["main", "collect"]
 
@@ -94,7 +94,7 @@ def _job_state(
         cluster = "slurm" if last.get("launcher") == "slurm" else "local"
     job: tp.Dict[str, tp.Any] = {"id": job_id or None, "cluster": cluster}
     if cluster == "slurm" and job_id:
-        from hpctrain.submit.slurm import SlurmCommands
+        from hpctrain._slurm import SlurmCommands
 
         try:
             st = (slurm or SlurmCommands()).job_state(job_id)
@@ -124,10 +124,11 @@ def collect(run_dir: tp.Union[str, Path], *, slurm: tp.Any = None) -> tp.Dict[st
     if not run_dir.is_dir():
         raise UsageError(f"RUN_DIR {run_dir}: no such directory")
     problems: tp.List[str] = []
-    submission = _read_json(run_dir / "submission.json", problems)
-    ledger, bad = read_jsonl(ledger_path(run_dir))
+    paths = RunDir(run_dir)
+    submission = _read_json(paths.submission, problems)
+    ledger, bad = read_jsonl(paths.ledger)
     problems += bad
-    metrics, bad = read_jsonl(metrics_path(run_dir), tail_bytes=_METRICS_TAIL_BYTES)
+    metrics, bad = read_jsonl(paths.metrics, tail_bytes=_METRICS_TAIL_BYTES)
     problems += bad
     if submission is None and not ledger and not metrics:
         raise UsageError(f"RUN_DIR {run_dir} holds no submission.json and no train/ records: is it a run directory?")

@@ -1,11 +1,9 @@
 """Hand a :class:`SubmitConfig` to submitit: Slurm (``SlurmExecutor``) or this machine (``LocalExecutor``).
 
-The run directory layout a submission creates (the login-node tools read it)::
-
-    <run_dir>/submission.json   resolved config, argv, cwd, cluster, job id, paths (atomic)
-    <run_dir>/sbatch.sh         the exact script given to sbatch (Slurm runs)
-    <run_dir>/logs/             submitit's folder: <job>_<rank>_log.{out,err}, pickles
-    <run_dir>/ranks/<job>-r<restart>/rank-<N>.json   written by each task when it joins
+A submission creates the run directory (:class:`hpctrain.rundir.RunDir` owns its layout) and writes
+``submission.json`` (resolved config, argv, cwd, cluster, job id, paths; atomic), ``sbatch.sh`` (Slurm
+runs) and submitit's ``logs/`` folder. :class:`~hpctrain.launch.Runner` is the one hand-off from this
+login side to the node side.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from hpctrain import __version__
 from hpctrain._atomic import atomic_write_json, atomic_write_text
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.launch.runner import Runner
+from hpctrain.rundir import RunDir
 from hpctrain.submit.config import SubmitConfig
 from hpctrain.submit.sbatch import slurm_parameters
 
@@ -37,7 +36,7 @@ class Submission:
     submitted_at: float
 
     def log_path(self, rank: int = 0, stream: str = "out") -> Path:
-        return self.run_dir / "logs" / f"{self.job_id}_{rank}_log.{stream}"
+        return RunDir(self.run_dir).log_file(self.job_id, rank, stream)
 
 
 def default_run_dir(cfg: SubmitConfig, cwd: tp.Optional[Path] = None, now: tp.Optional[float] = None) -> Path:
@@ -55,11 +54,11 @@ def default_run_dir(cfg: SubmitConfig, cwd: tp.Optional[Path] = None, now: tp.Op
 def prepare_run_dir(run_dir: Path) -> None:
     """Create the run directory; refuse one that already holds a submission (never overwrite a run)."""
     try:
-        if (run_dir / "submission.json").exists():
+        if RunDir(run_dir).submission.exists():
             raise UsageError(f"--run-dir {run_dir} already holds a submission; choose a new directory")
         if run_dir.exists() and not run_dir.is_dir():
             raise UsageError(f"--run-dir {run_dir} exists and is not a directory")
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--run-dir {run_dir}: cannot create it ({exc.strerror or exc})") from None
 
@@ -82,7 +81,8 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
     """Submit ``cfg`` to ``cluster`` ('slurm' or 'local'); writes the run records; returns the job."""
     import submitit
 
-    folder = run_dir / "logs"
+    paths = RunDir(run_dir)
+    folder = paths.logs
     record: tp.Dict[str, tp.Any] = {
         "hpctrain_version": __version__,
         "config": cfg.to_dict(),
@@ -95,7 +95,7 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         "log_dir": str(folder),
         "state": "submitting",
     }
-    atomic_write_json(run_dir / "submission.json", record)
+    atomic_write_json(paths.submission, record)
     runner = _runner(cfg, run_dir)
     if cluster == "slurm":
         # The Runner replaces submitit's signal handlers and requeues by itself (hpctrain.launch.ending);
@@ -117,18 +117,18 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
     except Exception as exc:  # submitit raises FailedSubmissionError / CalledProcessError with sbatch's text
         record["state"] = "submission failed"
         record["error"] = str(exc)
-        atomic_write_json(run_dir / "submission.json", record)
+        atomic_write_json(paths.submission, record)
         text = str(exc).strip().splitlines()
         raise HpctrainError(f"submission failed: {text[-1] if text else type(exc).__name__}") from exc
     submitted_at = time.time()
     record.update(state="submitted", job_id=str(job.job_id), submitted_at=submitted_at)
     if cluster == "slurm":
         script = Path(job.paths.submission_file).read_text()
-        atomic_write_text(run_dir / "sbatch.sh", script)
-        record["sbatch_script"] = str(run_dir / "sbatch.sh")
+        atomic_write_text(paths.sbatch_script, script)
+        record["sbatch_script"] = str(paths.sbatch_script)
     record["logs"] = {
         "stdout": str(job.paths.stdout).replace("%t", "<rank>"),
         "stderr": str(job.paths.stderr).replace("%t", "<rank>"),
     }
-    atomic_write_json(run_dir / "submission.json", record)
+    atomic_write_json(paths.submission, record)
     return Submission(job=job, job_id=str(job.job_id), run_dir=run_dir, cluster=cluster, submitted_at=submitted_at)

@@ -17,8 +17,9 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._cli import ArgumentParser, console_entry
+from hpctrain._files import check_path_limits, shorten
 from hpctrain.errors import UsageError
-from hpctrain.submit._files import check_path_limits, shorten
+from hpctrain.rundir import RunDir
 from hpctrain.submit.config import DEFAULT_CONFIG_FILE, SubmitConfig, format_time, load_toml
 
 __all__ = ["main", "build_parser", "resolve_config", "local_process_limit", "wait_for_reason"]
@@ -137,7 +138,7 @@ def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.
 
 
 def _resolve_cluster(cfg: SubmitConfig) -> str:
-    from hpctrain.submit.slurm import SlurmCommands
+    from hpctrain._slurm import SlurmCommands
 
     if cfg.cluster != "auto":
         return cfg.cluster
@@ -191,15 +192,15 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
     if getattr(ns, "dry_run", False):
         from hpctrain.submit.sbatch import render_sbatch
 
-        sys.stdout.write(render_sbatch(cfg, folder=run_dir / "logs", python=sys.executable))
+        sys.stdout.write(render_sbatch(cfg, folder=RunDir(run_dir).logs, python=sys.executable))
         print(
             f"# dry run: nothing submitted; cluster={cluster}, world size {cfg.world_size}, run dir {run_dir}",
             file=sys.stderr,
         )
         return 0
 
+    from hpctrain._slurm import SlurmCommands
     from hpctrain.submit import backend
-    from hpctrain.submit.slurm import SlurmCommands
 
     slurm = slurm or SlurmCommands()
     if cluster == "slurm":
@@ -267,7 +268,7 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
     console.print(f"  run dir : {escape(str(sub.run_dir))}")
     console.print(
         f"  logs    : {escape(str(sub.log_path(0)))} (rank 0); "
-        f"{escape(str(sub.run_dir / 'logs'))}/{sub.job_id}_<rank>_log.{{out,err}}"
+        f"{escape(str(RunDir(sub.run_dir).logs))}/{sub.job_id}_<rank>_log.{{out,err}}"
     )
     if sub.cluster == "slurm":
         console.print(f"  follow  : tail -f {escape(shlex.quote(str(sub.log_path(0))))}   ·   squeue -j {sub.job_id}")
@@ -287,7 +288,7 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
 
 
 def _local_state(job: tp.Any) -> tp.Any:
-    from hpctrain.submit.slurm import JobState
+    from hpctrain._slurm import JobState
 
     if not job.done():
         return JobState("RUNNING", "localhost", "", "squeue")

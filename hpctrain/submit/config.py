@@ -13,8 +13,9 @@ import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain._files import read_regular_file, shorten
+from hpctrain._slurm import format_time, parse_time
 from hpctrain.errors import UsageError
-from hpctrain.submit._files import read_regular_file, shorten
 
 try:  # Python 3.11+
     import tomllib
@@ -36,45 +37,6 @@ MAX_INT = 10_000_000
 # component must stay within the 255 bytes a Linux filesystem allows.
 MAX_JOB_NAME_BYTES = 200
 CONFIG_FILE_LIMIT = 1 << 20  # bytes of TOML read at most
-
-
-def parse_time(text: str, option: str = "--time") -> int:
-    """Slurm time limit -> seconds. Accepts ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
-    ``D-HH:MM:SS`` (as ``sbatch --time`` does); minutes and seconds after the first field must be < 60."""
-    text = str(text).strip()
-    # Bounded digit counts: no int() of a 5000-digit field, and no limit beyond what Slurm stores.
-    m = re.fullmatch(r"(?:(\d{1,5})-)?(\d{1,8})(?::(\d{1,8}))?(?::(\d{1,8}))?", text)
-    if not m:
-        raise UsageError(f"{option} {shorten(text)!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS")
-    days, a, b, c = m.groups()
-    fields = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:  # D-HH[:MM[:SS]]
-        hours, minutes, seconds = (fields + [0, 0])[:3]
-        if hours > 23 or minutes > 59 or seconds > 59:
-            raise UsageError(f"{option} {text!r}: in D-HH:MM:SS hours must be < 24 and minutes/seconds < 60")
-        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
-    elif len(fields) == 1:  # MM
-        total = fields[0] * 60
-    elif len(fields) == 2:  # MM:SS
-        if fields[1] > 59:
-            raise UsageError(f"{option} {text!r}: seconds must be < 60 (MM:SS)")
-        total = fields[0] * 60 + fields[1]
-    else:  # HH:MM:SS
-        if fields[1] > 59 or fields[2] > 59:
-            raise UsageError(f"{option} {text!r}: minutes and seconds must be < 60 (HH:MM:SS)")
-        total = (fields[0] * 60 + fields[1]) * 60 + fields[2]
-    if total <= 0:
-        raise UsageError(f"{option} {text!r} must be more than zero")
-    return total
-
-
-def format_time(seconds: int) -> str:
-    """Seconds -> ``D-HH:MM:SS`` / ``HH:MM:SS`` (what squeue shows)."""
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    hms = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{hms}" if days else hms
 
 
 def parse_mem(text: str) -> str:

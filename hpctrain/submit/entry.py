@@ -19,9 +19,9 @@ import sys
 import typing as tp
 from importlib.machinery import ModuleSpec
 
+from hpctrain._entry import split_entry
+from hpctrain._files import read_regular_file, shorten
 from hpctrain.errors import UsageError
-from hpctrain.launch.runner import split_entry
-from hpctrain.submit._files import read_regular_file, shorten
 
 __all__ = ["find_module_file", "check_entry_static", "check_entry_imports"]
 

@@ -6,7 +6,7 @@ import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain.submit.slurm import JobState
+from hpctrain._slurm import JobState
 
 __all__ = ["LogTail", "follow"]
 

@@ -5,7 +5,7 @@ Two layers: composable pieces for a loop you already have (:class:`MetricsRecord
 by :class:`TrainConfig`.
 
 Importing this package does not import torch (the login-node ``status`` command reads
-:mod:`hpctrain.train.records`); the torch-side classes load on first access.
+:mod:`hpctrain.ledger`, :mod:`hpctrain.rundir`); the torch-side classes load on first access.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ How each figure is measured (docs/train.md has the schema):
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import typing as tp
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpctrain.train.records import METRICS_SCHEMA, metrics_path
+from hpctrain.rundir import METRICS_SCHEMA, RunDir, dumps_record
 
 __all__ = ["PHASES", "StepTimer", "MetricsRecorder", "IntervalReport", "count_flops", "peak_flops"]
 
@@ -223,7 +222,7 @@ class MetricsRecorder:
         self.flops_per_sample = flops_per_sample
         self.peak = peak_flops_per_device if peak_flops_per_device is not None else peak_flops(self.device)
         self.static = dict(static or {})
-        self.path = metrics_path(run_dir) if run_dir is not None and rank == 0 else None
+        self.path = RunDir(run_dir).metrics if run_dir is not None and rank == 0 else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: tp.Optional[tp.IO[str]] = None
@@ -379,7 +378,7 @@ class MetricsRecorder:
         if self._file is None:
             self._file = open(self.path, "a", encoding="utf-8")
         # one write per line and a flush: a reader sees whole lines (or, after a crash, one torn last line)
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.write(dumps_record(record) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -3,7 +3,7 @@
 Restore from the newest committed checkpoint (model, optimizer, scheduler, grad scaler, RNG, loader
 position) -> train with gradient accumulation, clipping and AMP -> evaluate -> checkpoint -> close the
 loader and the checkpointer, with every step measured (:mod:`hpctrain.train.metrics`) and each start
-and end recorded in the run's ledger (:mod:`hpctrain.train.records`).
+and end recorded in the run's ledger (:mod:`hpctrain.ledger`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.errors import UsageError
+from hpctrain.ledger import Ledger, process_start_time
+from hpctrain.rundir import RunDir, read_jsonl
 from hpctrain.train.config import TrainConfig
 from hpctrain.train.display import IntervalDisplay
 from hpctrain.train.metrics import MetricsRecorder, count_flops
-from hpctrain.train.records import append_ledger, ledger_path, metrics_path, process_start_time, read_jsonl
 
 __all__ = ["Trainer", "FitResult", "StopSignal"]
 
@@ -205,7 +206,7 @@ class Trainer:
             if pol.enabled:
                 from hpctrain.ckpt import CheckpointConfig, Checkpointer
 
-                ckpt_dir = Path(pol.dir) if pol.dir is not None else self.run_dir / "checkpoints"
+                ckpt_dir = Path(pol.dir) if pol.dir is not None else RunDir(self.run_dir).checkpoints
                 ckpt = Checkpointer(
                     CheckpointConfig(dir=ckpt_dir, keep_last=pol.keep_last), run_id=str(self.ctx.job_id or "")
                 )
@@ -255,7 +256,7 @@ class Trainer:
                     "last_save_s": self._last_save_s,
                     "step_s": self._step_s,
                 }
-                append_ledger(self.run_dir, {**end, **({"error": error[:500]} if error else {})})
+                Ledger(self.run_dir).append({**end, **({"error": error[:500]} if error else {})})
 
     def _build_loader(self, data_cfg: tp.Any) -> tp.Any:
         from hpctrain.data import H5Loader
@@ -522,7 +523,7 @@ class Trainer:
         if self.rank != 0:
             return
         ctx, now = self.ctx, time.time()
-        previous, _ = read_jsonl(metrics_path(self.run_dir), tail_bytes=1 << 20)
+        previous, _ = read_jsonl(RunDir(self.run_dir).metrics, tail_bytes=1 << 20)
         last_seen = max((r["time"] for r in previous if isinstance(r.get("time"), (int, float))), default=None)
         committed_at = self._manifest_time(ckpt_dir, start) if start else None
         after, warning = self._previous_attempt(getattr(ctx, "signal_lead_s", 0.0) or 0.0)
@@ -551,24 +552,16 @@ class Trainer:
             "warning": warning,
             "config": self.config.to_dict(),
         }
-        append_ledger(self.run_dir, record)
+        Ledger(self.run_dir).append(record)
         self._ledger_started = True
 
     def _previous_attempt(self, lead_s: float) -> tp.Tuple[tp.Optional[str], tp.Optional[str]]:
         """The previous attempt's end cause, and a warning when the signal lead is shorter than its last
         measured save plus one step (the stop save would not be committed before the kill)."""
-        ledger, _ = read_jsonl(ledger_path(self.run_dir))
-        exits = [r for r in ledger if r.get("event") == "exit"]
-        ends = [r for r in ledger if r.get("event") == "end" and isinstance(r.get("last_save_s"), (int, float))]
-        after = None
-        if exits:
-            last = exits[-1]
-            after = f"{last.get('cause')} ({'requeued' if last.get('requeued') else last.get('reason')})"
-        elif int(getattr(self.ctx, "restart_count", 0) or 0) > 0:
-            after = "unknown (the previous attempt left no exit record: killed)"
+        restarts = int(getattr(self.ctx, "restart_count", 0) or 0)
+        after, save_s, step_s = Ledger(self.run_dir).previous_attempt(restarts)
         warning = None
-        if ends and lead_s:
-            save_s, step_s = float(ends[-1]["last_save_s"]), float(ends[-1].get("step_s") or 0.0)
+        if save_s is not None and step_s is not None and lead_s:
             if lead_s < save_s + step_s:
                 warning = (
                     f"the signal lead ({lead_s:.0f}s) is shorter than the last save ({save_s:.1f}s) plus one step "

@@ -1,4 +1,4 @@
-"""A fake of the Slurm client commands behind :class:`hpctrain.submit.slurm.SlurmCommands`.
+"""A fake of the Slurm client commands behind :class:`hpctrain._slurm.SlurmCommands`.
 
 For fast unit tests of the logic around Slurm (partition checks, state polling, --follow). Slurm
 behaviour itself is tested on the real dev cluster (tests/cluster).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typing as tp
 
-from hpctrain.submit.slurm import SlurmCommandError, SlurmCommands
+from hpctrain._slurm import SlurmCommandError, SlurmCommands
 
 
 class FakeSlurm(SlurmCommands):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.launch.ending import finish_attempt, rank_end_path, requeue_job_id
-from hpctrain.train.records import append_ledger
+from hpctrain.ledger import Ledger
 from tests.submit.fake_slurm import FakeSlurm
 
 
@@ -21,12 +21,15 @@ def _run(tmp_path: Path, *, resumed: int, committed: int | None, restart: int = 
     """A ledger start record of attempt ``restart`` and a committed checkpoint ``committed``."""
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir(exist_ok=True)
-    if committed is not None:
-        (ckpt / f"step-{committed:09d}").mkdir()
-        (ckpt / f"step-{committed:09d}" / "MANIFEST.json").write_text(json.dumps({"time": time.time()}))
-    append_ledger(
-        tmp_path,
-        {"event": "start", "job_id": "7", "restart_count": restart, "resumed_from_step": resumed,
+    if committed is not None:  # a real commit: the launcher asks hpctrain.ckpt.latest_committed
+        import torch
+
+        from hpctrain.ckpt import CheckpointConfig, Checkpointer
+
+        saver = Checkpointer(CheckpointConfig(dir=ckpt))
+        saver.save(committed, model=torch.nn.Linear(1, 1))
+        saver.close()
+    Ledger(tmp_path).append({"event": "start", "job_id": "7", "restart_count": restart, "resumed_from_step": resumed,
          "checkpoint_dir": str(ckpt), "time": time.time()},
     )  # fmt: skip
 

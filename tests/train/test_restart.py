@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from hpctrain.rundir import RunDir, read_jsonl
 from hpctrain.status.cli import collect
 from hpctrain.train import CheckpointPolicy
-from hpctrain.train.records import ledger_path, read_jsonl
 from tests.multiproc import run_world
 from tests.train.test_trainer import _fit
 
@@ -15,7 +15,7 @@ def test_restart_in_the_same_run_dir_resumes_and_the_ledger_records_what_it_cost
     assert [r["step"] for r in first] == [8, 8] and first[0]["stopped"]
     second = run_world(_fit, 1, str(tmp_path), cfg).results  # another world size, same run dir
     assert second[0]["step"] == 20 and not second[0]["stopped"]
-    ledger, problems = read_jsonl(ledger_path(tmp_path))
+    ledger, problems = read_jsonl(RunDir(tmp_path).ledger)
     assert problems == [] and [(r["event"], r.get("status")) for r in ledger] == [
         ("start", None),
         ("end", "stopped"),

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.ledger import Ledger
+from hpctrain.rundir import RunDir
 from hpctrain.status.cli import collect
-from hpctrain.train.records import append_ledger, metrics_path
 from tests.submit.fake_slurm import FakeSlurm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +67,7 @@ def _run_dir(tmp_path, *, steps=(10, 20), end=None, pid=None, submission=None, c
     (ck / "step-000000099.tmp-j1-r0-abc-3").mkdir(parents=True)  # in progress: not committed
     if submission is not None:
         (run / "submission.json").write_text(json.dumps(submission))
-    append_ledger(
-        run,
+    Ledger(run).append(
         {
             "event": "start",
             "time": time.time() - 60,
@@ -85,10 +85,10 @@ def _run_dir(tmp_path, *, steps=(10, 20), end=None, pid=None, submission=None, c
             "down_s": None,
         },
     )
-    path = metrics_path(run)
+    path = RunDir(run).metrics
     path.write_text("".join(json.dumps(_interval(s)) + "\n" for s in steps))
     if end is not None:
-        append_ledger(run, {"event": "end", "time": time.time(), "step": steps[-1], "status": end})
+        Ledger(run).append({"event": "end", "time": time.time(), "step": steps[-1], "status": end})
     return run
 
 
@@ -154,7 +154,7 @@ def _status(*args):
 
 def test_corrupt_jsonl_line_is_named_and_the_rest_is_still_shown_without_importing_torch(tmp_path):
     run = _run_dir(tmp_path, steps=(10, 20, 30), pid=os.getpid())
-    path = metrics_path(run)
+    path = RunDir(run).metrics
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + '{"kind": "interval", "step": 2\x00garbage\n' + "".join(lines[1:]) + '{"kind": "inter')
     proc = _status(run)

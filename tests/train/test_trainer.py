@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UsageError
-from hpctrain.train.records import ledger_path, metrics_path, read_jsonl
+from hpctrain.rundir import RunDir, read_jsonl
 from tests.multiproc import run_world
 
 DIM, BATCH = 16, 32
@@ -95,7 +95,7 @@ def _fit(rank, world, run_dir, cfg_kwargs, stop_at=None, stop_rank=None, h5=None
 
 
 def _intervals(run_dir):
-    records, problems = read_jsonl(metrics_path(run_dir))
+    records, problems = read_jsonl(RunDir(run_dir).metrics)
     assert problems == []
     return [r for r in records if r["kind"] == "interval"], [r for r in records if r["kind"] == "eval"]
 
@@ -122,7 +122,7 @@ def test_loss_decreases_and_every_phase_is_measured_and_adds_up(tmp_path, world)
         assert 0 <= rec["data_wait_frac"] < 1 and rec["slowest_rank"] in range(world)
     if world == 2:  # the all-reduce is timed by the comm hook
         assert max(r["per_step"]["grad_comm_exposed_s"]["max"] for r in intervals) > 0
-    ledger, problems = read_jsonl(ledger_path(tmp_path))
+    ledger, problems = read_jsonl(RunDir(tmp_path).ledger)
     assert problems == [] and [r["event"] for r in ledger] == ["start", "end"]
     start, end = ledger
     assert start["resumed_from_step"] == 0 and start["world_size"] == world and start["total_steps"] == 40
@@ -133,7 +133,7 @@ def test_loss_decreases_and_every_phase_is_measured_and_adds_up(tmp_path, world)
 def test_a_stop_request_on_one_rank_stops_every_rank_at_the_same_interval(tmp_path):
     results = run_world(_fit, 2, str(tmp_path), {"steps": 40, "log_every": 5}, 12, 1).results
     assert [r["step"] for r in results] == [15, 15] and all(r["stopped"] for r in results)
-    ledger, _ = read_jsonl(ledger_path(tmp_path))
+    ledger, _ = read_jsonl(RunDir(tmp_path).ledger)
     assert ledger[-1]["event"] == "end" and ledger[-1]["status"] == "stopped" and ledger[-1]["step"] == 15
 
 

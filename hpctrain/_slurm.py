@@ -1,19 +1,23 @@
 """The one seam between hpctrain and the Slurm client commands (sinfo, squeue, sacct, scancel, scontrol).
 
-:class:`SlurmCommands` runs the real commands; tests pass a fake with the same ``run`` method
-(``tests/submit/fake_slurm.py``) instead of patching ``subprocess``. Submission itself goes through
-submitit, which calls ``sbatch``.
+:class:`SlurmCommands` runs the real commands; tests (and users testing their own entries) pass
+:class:`hpctrain.testing.FakeSlurm`, which has the same ``run`` method, instead of patching
+``subprocess``. Submission itself goes through submitit, which calls ``sbatch``. Slurm's time format
+(``--time``, squeue's ``%l``) is parsed here too, so that every side of the house reads it one way.
+Stdlib only: the login-node tools, the launcher and ``status`` all sit above it.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import typing as tp
 
-from hpctrain.errors import HpctrainError
+from hpctrain._files import shorten
+from hpctrain.errors import HpctrainError, UsageError
 
-__all__ = ["SlurmCommands", "SlurmCommandError", "TERMINAL_STATES", "JobState"]
+__all__ = ["SlurmCommands", "SlurmCommandError", "TERMINAL_STATES", "JobState", "parse_time", "format_time"]
 
 # sacct/squeue states after which the job will not run again by itself.
 TERMINAL_STATES = frozenset(
@@ -132,8 +136,6 @@ class SlurmCommands:
     def running_job(self, job_id: str) -> tp.Tuple[str, tp.Optional[int]]:
         """``(state, time limit in seconds or None)`` of a job from squeue, ``("", None)`` when squeue does
         not know it. A job being cancelled shows CANCELLED or COMPLETING while its tasks still run."""
-        from hpctrain.submit.config import parse_time
-
         try:
             out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%l"], timeout=15.0).strip()
         except SlurmCommandError:
@@ -146,3 +148,42 @@ class SlurmCommands:
         except HpctrainError:  # UNLIMITED, INVALID, NOT_SET
             seconds = None
         return state.strip(), seconds
+
+
+def parse_time(text: str, option: str = "--time") -> int:
+    """Slurm time limit -> seconds. Accepts ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS`` (as ``sbatch --time`` does); minutes and seconds after the first field must be < 60."""
+    text = str(text).strip()
+    # Bounded digit counts: no int() of a 5000-digit field, and no limit beyond what Slurm stores.
+    m = re.fullmatch(r"(?:(\d{1,5})-)?(\d{1,8})(?::(\d{1,8}))?(?::(\d{1,8}))?", text)
+    if not m:
+        raise UsageError(f"{option} {shorten(text)!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = m.groups()
+    fields = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (fields + [0, 0])[:3]
+        if hours > 23 or minutes > 59 or seconds > 59:
+            raise UsageError(f"{option} {text!r}: in D-HH:MM:SS hours must be < 24 and minutes/seconds < 60")
+        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    elif len(fields) == 1:  # MM
+        total = fields[0] * 60
+    elif len(fields) == 2:  # MM:SS
+        if fields[1] > 59:
+            raise UsageError(f"{option} {text!r}: seconds must be < 60 (MM:SS)")
+        total = fields[0] * 60 + fields[1]
+    else:  # HH:MM:SS
+        if fields[1] > 59 or fields[2] > 59:
+            raise UsageError(f"{option} {text!r}: minutes and seconds must be < 60 (HH:MM:SS)")
+        total = (fields[0] * 60 + fields[1]) * 60 + fields[2]
+    if total <= 0:
+        raise UsageError(f"{option} {text!r} must be more than zero")
+    return total
+
+
+def format_time(seconds: int) -> str:
+    """Seconds -> ``D-HH:MM:SS`` / ``HH:MM:SS`` (what squeue shows)."""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    hms = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{hms}" if days else hms

@@ -1,0 +1,242 @@
+"""The run directory: every path of a run, and how its records are written and read (stdlib only).
+
+One owner for the layout, in the spirit of submitit's ``JobPaths``: every module that writes or reads
+a file of a run asks :class:`RunDir` for its path instead of spelling it. Checkpoint names inside the
+checkpoint directory are the one exception: :mod:`hpctrain.ckpt._format` owns those.
+
+::
+
+    RUN_DIR/submission.json                     what was submitted (hpctrain.submit, login node)
+    RUN_DIR/sbatch.sh                           the exact script given to sbatch (Slurm runs)
+    RUN_DIR/logs/                               submitit's folder: <job>_<rank>_log.{out,err}, pickles
+    RUN_DIR/ranks/<job>-r<restart>/rank-<N>.json       each task when it joins (hpctrain.launch)
+    RUN_DIR/ranks/<job>-r<restart>/end-rank-<N>.json   each task's own view of how its attempt ended
+    RUN_DIR/train/ledger.jsonl                  one record per start, end and exit of an attempt
+    RUN_DIR/train/metrics.jsonl                 one record per log interval and per evaluation
+    RUN_DIR/checkpoints/                        the Trainer's default checkpoint directory
+
+Records are read through :func:`read_json` and :func:`read_jsonl`, which never block on a FIFO, never
+follow a record into ``/dev/zero``, and read at most a bounded number of bytes: the login-node tools
+must answer on a damaged run directory, not hang in ``open()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import typing as tp
+from pathlib import Path
+
+from hpctrain._atomic import atomic_write_text
+from hpctrain._files import NotReadable, read_bounded
+
+__all__ = [
+    "RunDir",
+    "LEDGER_SCHEMA",
+    "METRICS_SCHEMA",
+    "RECORD_LIMIT",
+    "JSONL_LIMIT",
+    "read_json",
+    "read_jsonl",
+    "append_jsonl_atomic",
+    "dumps_record",
+]
+
+METRICS_SCHEMA = "hpctrain.train.metrics/1"
+LEDGER_SCHEMA = "hpctrain.train.ledger/1"
+
+RECORD_LIMIT = 16 << 20
+"""Bytes read of one JSON record file (submission, rank records, manifests): far above any real one."""
+JSONL_LIMIT = 64 << 20
+"""Bytes read of a whole JSONL file (the ledger); the metrics are read as a tail window instead."""
+
+PathLike = tp.Union[str, "os.PathLike[str]"]
+
+
+class RunDir:
+    """The paths of one run directory. Cheap to build; touches nothing on disk."""
+
+    SUBMISSION = "submission.json"
+    SBATCH = "sbatch.sh"
+    LOGS = "logs"
+    RANKS = "ranks"
+    TRAIN = "train"
+    LEDGER = "ledger.jsonl"
+    METRICS = "metrics.jsonl"
+    CHECKPOINTS = "checkpoints"
+
+    def __init__(self, root: PathLike) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    # ------------------------------------------------------------------ written on the login node
+    @property
+    def submission(self) -> Path:
+        return self.root / self.SUBMISSION
+
+    @property
+    def sbatch_script(self) -> Path:
+        return self.root / self.SBATCH
+
+    @property
+    def logs(self) -> Path:
+        return self.root / self.LOGS
+
+    def log_file(self, job_id: str, rank: int = 0, stream: str = "out") -> Path:
+        """submitit's per-task log (``%j_%t_log.out``, the job id and the task's rank filled in)."""
+        return self.logs / f"{job_id}_{rank}_log.{stream}"
+
+    # ------------------------------------------------------------------ written by each task
+    @property
+    def ranks(self) -> Path:
+        return self.root / self.RANKS
+
+    def attempt_dir(self, job_id: str, restart_count: int) -> Path:
+        """One folder per attempt: a local run has no job id (``local``), a requeue a new restart count."""
+        return self.ranks / f"{job_id or 'local'}-r{restart_count}"
+
+    def rank_record(self, job_id: str, restart_count: int, rank: int) -> Path:
+        return self.attempt_dir(job_id, restart_count) / f"rank-{rank}.json"
+
+    def rank_end(self, job_id: str, restart_count: int, rank: int) -> Path:
+        return self.attempt_dir(job_id, restart_count) / f"end-rank-{rank}.json"
+
+    # ------------------------------------------------------------------ written by training
+    @property
+    def train(self) -> Path:
+        return self.root / self.TRAIN
+
+    @property
+    def ledger(self) -> Path:
+        return self.train / self.LEDGER
+
+    @property
+    def metrics(self) -> Path:
+        return self.train / self.METRICS
+
+    @property
+    def checkpoints(self) -> Path:
+        """The default checkpoint directory (``CheckpointPolicy.dir`` may name another one)."""
+        return self.root / self.CHECKPOINTS
+
+
+def dumps_record(record: tp.Mapping[str, tp.Any]) -> str:
+    """One record as one line of standard JSON: NaN/inf become null (Python's default writes tokens no
+    strict parser accepts), and a value JSON cannot hold (a tensor, a Path) becomes its ``float()`` or
+    ``str()`` rather than killing the writer."""
+    return json.dumps(_plain(record), sort_keys=True, allow_nan=False)
+
+
+def _plain(value: tp.Any, depth: int = 0) -> tp.Any:
+    if depth > 64:
+        return str(value)[:200]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, tp.Mapping):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    item = getattr(value, "item", None)  # a 0-d tensor or numpy scalar (a tensor learning rate)
+    if callable(item):
+        try:
+            return _plain(item(), depth + 1)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    try:
+        return _plain(float(value), depth + 1)
+    except (TypeError, ValueError, OverflowError):
+        return str(value)[:200]
+
+
+def append_jsonl_atomic(path: PathLike, record: tp.Mapping[str, tp.Any], *, schema: str) -> None:
+    """Append one record to a small JSONL file atomically: the whole file is rewritten through tmp + fsync +
+    rename, so a crash leaves the old file or the new one, never a torn line (the ledger: one writer)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        old = read_bounded(path, limit=JSONL_LIMIT)[0].decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        old = ""
+    if old and not old.endswith("\n"):
+        old += "\n"
+    atomic_write_text(path, old + dumps_record({"schema": schema, **record}) + "\n")
+
+
+def read_json(
+    path: PathLike, problems: tp.List[str], *, limit: int = RECORD_LIMIT
+) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The JSON object in ``path``, None when it is missing; anything else that is wrong (not a regular
+    file, too large, not JSON, nested too deep, not an object) is one line in ``problems`` and None."""
+    path = Path(path)
+    try:
+        data, _ = read_bounded(path, limit=limit)
+    except FileNotFoundError:
+        return None
+    except NotReadable as exc:
+        problems.append(f"{path.name}: {exc}; ignored")
+        return None
+    value, why = _loads(data)
+    if why:
+        problems.append(f"{path.name}: {why}; ignored")
+        return None
+    if not isinstance(value, dict):
+        problems.append(f"{path.name}: a JSON {type(value).__name__}, not an object; ignored")
+        return None
+    return value
+
+
+def _loads(raw: bytes) -> tp.Tuple[tp.Any, str]:
+    try:
+        return json.loads(raw), ""
+    except RecursionError:
+        return None, "JSON nested too deep"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not JSON ({str(exc)[:120]})"
+
+
+def read_jsonl(
+    path: PathLike, *, tail_bytes: tp.Optional[int] = None, limit: int = JSONL_LIMIT
+) -> tp.Tuple[tp.List[tp.Dict[str, tp.Any]], tp.List[str]]:
+    """The records of a JSONL file and one message per line that is not a JSON object (or per reason the
+    file cannot be read). ``tail_bytes`` reads only the end of the file (a long run's metrics grow without
+    bound; the login node wants the last intervals): the first, probably partial, line of that window is
+    skipped. A missing file gives ``([], [])``."""
+    path = Path(path)
+    try:
+        data, start = read_bounded(path, limit=limit, tail=tail_bytes)
+    except FileNotFoundError:
+        return [], []
+    except NotReadable as exc:
+        return [], [f"{path.name}: {exc}; ignored"]
+    lines = data.split(b"\n")
+    first_line = 1
+    if start > 0:
+        lines, first_line = lines[1:], 0  # line numbers are unknown inside a window: count from its start
+    records: tp.List[tp.Dict[str, tp.Any]] = []
+    problems: tp.List[str] = []
+    for n, raw in enumerate(lines, start=first_line):
+        if not raw.strip():
+            continue
+        where = f"{path.name} line {n}" if start == 0 else f"{path.name} (last {tail_bytes} bytes) line {n}"
+        rec, why = _loads(raw)
+        if why:
+            unfinished = n == len(lines) - 1 + first_line and not data.endswith(b"\n")
+            why = "unfinished last line (being written, or the writer died)" if unfinished else why
+            problems.append(f"{where}: {why}; skipped")
+            continue
+        if not isinstance(rec, dict):
+            problems.append(f"{where}: a JSON {type(rec).__name__}, not an object; skipped")
+            continue
+        records.append(rec)
+    return records, problems
