@@ -7,10 +7,12 @@ checkpoint directory are the one exception: :mod:`hpctrain.ckpt._format` owns th
 ::
 
     RUN_DIR/submission.json                     what was submitted (hpctrain.submit, login node)
+    RUN_DIR/submissions/<n>.json                earlier submissions of a run continued with --resume
     RUN_DIR/sbatch.sh                           the exact script given to sbatch (Slurm runs)
     RUN_DIR/logs/                               submitit's folder: <job>_<rank>_log.{out,err}, pickles
     RUN_DIR/ranks/<job>-r<restart>/rank-<N>.json       each task when it joins (hpctrain.launch)
     RUN_DIR/ranks/<job>-r<restart>/end-rank-<N>.json   each task's own view of how its attempt ended
+    RUN_DIR/ranks/<job>-r<restart>/exit.json    claimed by the one rank that decides (and may requeue)
     RUN_DIR/train/ledger.jsonl                  one record per start, end and exit of an attempt
     RUN_DIR/train/metrics.jsonl                 one record per log interval and per evaluation
     RUN_DIR/checkpoints/                        the Trainer's default checkpoint directory
@@ -79,6 +81,10 @@ class RunDir:
     def submission(self) -> Path:
         return self.root / self.SUBMISSION
 
+    def previous_submission(self, n: int) -> Path:
+        """The n-th earlier submission of a run continued with ``submit --resume`` (0 is the first)."""
+        return self.root / "submissions" / f"{n}.json"
+
     @property
     def sbatch_script(self) -> Path:
         return self.root / self.SBATCH
@@ -105,6 +111,10 @@ class RunDir:
 
     def rank_end(self, job_id: str, restart_count: int, rank: int) -> Path:
         return self.attempt_dir(job_id, restart_count) / f"end-rank-{rank}.json"
+
+    def attempt_exit(self, job_id: str, restart_count: int) -> Path:
+        """Created exclusively by the one rank that decides how the attempt ended (and may requeue)."""
+        return self.attempt_dir(job_id, restart_count) / "exit.json"
 
     # ------------------------------------------------------------------ written by training
     @property

@@ -52,3 +52,19 @@ def fail_on_rank_1(ctx):
     if ctx.rank == 1:
         raise ValueError("rank 1 fails on purpose")
     return ctx.rank
+
+
+def rank0_killed_after_a_collective(ctx):
+    """Every rank joins one all-reduce; then rank 0 SIGKILLs itself and the others enter the next one."""
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1))
+    if ctx.rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    dist.all_reduce(torch.ones(1))
+    return ctx.rank

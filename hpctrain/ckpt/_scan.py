@@ -28,6 +28,7 @@ import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain._procs import pid_alive
 from hpctrain.ckpt._format import CheckpointFormatError, parse_name, step_name
 from hpctrain.ckpt._reader import open_regular, read_manifest
 
@@ -94,13 +95,7 @@ def owner_record(rank: int, job_id: str, restart_count: int) -> bytes:
 
 
 def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True  # someone else's process (or a pid we cannot judge): assume it is running
-    return True
+    return pid_alive(pid) is not False  # a pid we cannot judge: assume it is running
 
 
 def _tmp_liveness(

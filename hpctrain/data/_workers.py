@@ -28,8 +28,10 @@ import weakref
 
 import numpy as np
 
+from hpctrain._procs import pid_alive
 from hpctrain.data._h5 import Layout, Reader
 from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.runtime.preemption import DEFAULT_SIGNALS
 
 __all__ = ["SlotArena", "WorkerPool", "InlineReader"]
 
@@ -218,16 +220,10 @@ def fill(reader: Reader, arena: SlotArena, task: Task) -> None:
 
 
 def _parent_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return pid_alive(pid) is False
 
 
-_SLURM_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+_SLURM_SIGNALS = DEFAULT_SIGNALS  # the Runner's stop signals: the parent decides what they mean
 
 
 def _worker_main(

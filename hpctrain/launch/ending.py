@@ -1,8 +1,10 @@
 """How an attempt ends: classify it, decide whether to requeue, requeue, and record why (stdlib only).
 
-Every rank writes ``run_dir/ranks/<job>-r<restart>/end-rank-<N>.json`` (its own view: finished, stopped,
-user error or peer failure). Rank 0 then decides for the job, because only it may requeue (one
-``scontrol requeue`` per attempt, never one per rank):
+Every rank writes :meth:`RunDir.rank_end <hpctrain.rundir.RunDir.rank_end>` (its own view: finished,
+stopped, user error or peer failure). One rank then decides for the job (one ``scontrol requeue`` per
+attempt, never one per rank): rank 0, or, when rank 0 died (a SIGKILL, its node), the lowest surviving rank,
+which finds no end record of any lower rank within ``takeover_wait_s``. The decision is claimed by creating
+:meth:`RunDir.attempt_exit` exclusively, so a slow rank 0 and a survivor never both requeue:
 
 1. cause: :func:`hpctrain.runtime.preemption.classify_end` (the agreed signal, its own exception, the
    other ranks' end files, Slurm's view of the job);
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
 from hpctrain.ledger import Ledger
-from hpctrain.rundir import RunDir
+from hpctrain.rundir import RunDir, read_json
 from hpctrain.runtime.preemption import StopCause, classify_end, is_peer_failure, requeue_decision
 
 __all__ = ["AttemptEnd", "finish_attempt", "rank_end_path", "committed_progress", "requeue_job_id"]
@@ -45,6 +47,13 @@ class AttemptEnd:
 
 def rank_end_path(run_dir: Path, job_id: str, restart_count: int, rank: int) -> Path:
     return RunDir(run_dir).rank_end(job_id, restart_count, rank)
+
+
+def resume_command(run_dir: Path) -> str:
+    """What a user types to continue a run that was not requeued (a local run, a Ctrl-C)."""
+    import shlex
+
+    return f"python -m hpctrain.submit --resume {shlex.quote(str(run_dir))}"
 
 
 def requeue_job_id(job_id: str, environ: tp.Mapping[str, str] = os.environ) -> str:
@@ -67,22 +76,44 @@ def committed_progress(run_dir: Path, job_id: str, restart_count: int) -> tp.Tup
     return start.get("resumed_from_step"), newest.step if newest is not None else None
 
 
-def _peer_causes(run_dir: Path, job_id: str, restart_count: int, world_size: int, wait_s: float) -> tp.List[str]:
-    """The other ranks' recorded causes, waiting up to ``wait_s`` for those still unwinding (a dead rank
-    never writes one)."""
+def _end_causes(
+    run_dir: Path, job_id: str, restart_count: int, ranks: tp.Iterable[int], wait_s: float, *, any_one: bool = False
+) -> tp.Dict[int, str]:
+    """The recorded causes of ``ranks``, waiting up to ``wait_s`` for those still unwinding (a dead rank
+    never writes one); with ``any_one``, returns as soon as one of them has written its record."""
+    wanted = list(ranks)
     deadline = time.monotonic() + wait_s
     causes: tp.Dict[int, str] = {}
+    paths = RunDir(run_dir)
     while True:
-        for rank in range(1, world_size):
+        for rank in wanted:
             if rank in causes:
                 continue
-            try:
-                causes[rank] = str(json.loads(rank_end_path(run_dir, job_id, restart_count, rank).read_text())["cause"])
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        if len(causes) == world_size - 1 or time.monotonic() >= deadline:
-            return list(causes.values())
+            record = read_json(paths.rank_end(job_id, restart_count, rank), [])
+            if record is not None and isinstance(record.get("cause"), str):
+                causes[rank] = record["cause"]
+        if len(causes) == len(wanted) or (any_one and causes) or time.monotonic() >= deadline:
+            return causes
         time.sleep(0.1)
+
+
+def _claim_decision(run_dir: Path, job_id: str, restart_count: int, rank: int) -> bool:
+    """Create the attempt's exit marker exclusively: True for the one rank that may decide and requeue."""
+    path = RunDir(run_dir).attempt_exit(job_id, restart_count)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        # Another rank decided this attempt already. Rank 0 yields only to a survivor's claim (a rank 0
+        # deciding the same attempt twice is a rerun of the decision, as the unit tests do).
+        claim = read_json(path, [])
+        return rank == 0 and (claim or {}).get("rank") == 0
+    except OSError:
+        return rank == 0  # an unwritable run dir: rank 0 decides as before, a survivor stays quiet
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"rank": rank, "time": time.time()}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return True
 
 
 def finish_attempt(
@@ -102,9 +133,11 @@ def finish_attempt(
     max_requeues: int,
     slurm: tp.Any = None,
     peer_wait_s: float = 5.0,
+    takeover_wait_s: float = 10.0,
 ) -> tp.Optional[AttemptEnd]:
-    """Record this rank's end; on rank 0 also classify, decide, requeue and record the job's. ``stop`` is
-    the agreed ``(signal, time this rank recorded it)``, or None when no stop was agreed."""
+    """Record this rank's end; on the deciding rank (rank 0, or the lowest survivor when rank 0 died) also
+    classify, decide, requeue and record the job's. ``stop`` is the agreed ``(signal, time this rank
+    recorded it)``, or None when no stop was agreed."""
     run_dir = Path(run_dir)
     local = (
         StopCause.FINISHED
@@ -122,6 +155,12 @@ def finish_attempt(
     except OSError:
         pass  # the record helps rank 0 classify; its absence only makes the classification coarser
     if rank != 0:
+        # A survivor of a failure decides only when no lower rank wrote its end record in time: they died.
+        if local != StopCause.NODE_FAILURE:
+            return None
+        if _end_causes(run_dir, job_id, restart_count, range(rank), takeover_wait_s, any_one=True):
+            return None
+    if not _claim_decision(run_dir, job_id, restart_count, rank):
         return None
 
     on_slurm = launcher == "slurm" and bool(job_id)
@@ -133,7 +172,8 @@ def finish_attempt(
             slurm = SlurmCommands()
         slurm_state, squeue_limit = slurm.running_job(job_id)
         limit = limit if limit is not None else squeue_limit
-    peers = _peer_causes(run_dir, job_id, restart_count, world_size, peer_wait_s) if error is not None else []
+    others = [r for r in range(world_size) if r != rank]
+    peers = list(_end_causes(run_dir, job_id, restart_count, others, peer_wait_s).values()) if error is not None else []
     signum, signal_time = stop if stop is not None else (None, None)
     cause = classify_end(
         signum=signum,
@@ -154,8 +194,10 @@ def finish_attempt(
     requeued = False
     if cause == StopCause.FINISHED:
         reason = "finished"
+    elif cause == StopCause.INTERRUPTED:
+        reason = f"not requeued: interrupted (Ctrl-C); resume with: {resume_command(run_dir)}"
     elif cause in StopCause.REQUEUE_ON and not on_slurm:
-        reason = "not requeued: not a Slurm job (restart it in the same run directory to resume)"
+        reason = f"not requeued: not a Slurm job; resume with: {resume_command(run_dir)}"
     else:
         requeued, reason = requeue_decision(
             cause, restarts=restart_count, max_requeues=max_requeues, committed_new_step=progress
@@ -185,12 +227,15 @@ def finish_attempt(
         "progress": progress_note,
         "slurm_state": slurm_state or None,
         "error": _short(error),
+        "decided_by_rank": rank,
     }
     try:
         Ledger(run_dir).append(record)
     except OSError as exc:
         print(f"hpctrain: could not write the ledger exit record: {exc}", file=sys.stderr, flush=True)
     where = f" at step {agreed_step}" if agreed_step is not None else ""
+    if rank != 0:
+        where += f" (rank 0 left no end record; rank {rank} decided)"
     print(
         f"hpctrain: attempt {restart_count} ended by {cause.replace('_', ' ')}{where}: {reason}",
         file=sys.stderr,

@@ -18,11 +18,14 @@ Torch is imported lazily (:class:`StopSignals` and the policy are stdlib-only).
 from __future__ import annotations
 
 import datetime
+import os
 import signal
 import threading
 import time
 import typing as tp
 from dataclasses import dataclass
+
+from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S
 
 __all__ = [
     "StopSignals",
@@ -35,9 +38,11 @@ __all__ = [
     "DEFAULT_SIGNALS",
 ]
 
-DEFAULT_SIGNALS: tp.Tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)
+DEFAULT_SIGNALS: tp.Tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 """USR2: hpctrain's ``--signal`` (time limit, and preemption where the site sends the user signal);
-TERM: preemption without the user signal, ``scancel``, the time limit's final notice."""
+TERM: preemption without the user signal, ``scancel``, the time limit's final notice;
+INT: an interactive user's Ctrl-C (a local run, srun in a terminal): a clean stop like the others, and
+a second Ctrl-C ends the process at once."""
 
 
 class StopCause:
@@ -46,6 +51,8 @@ class StopCause:
     CANCELLED = "cancelled"
     NODE_FAILURE = "node_failure"
     USER_ERROR = "user_error"
+    INTERRUPTED = "interrupted"
+    """Ctrl-C (SIGINT): the user's own stop; saved at the agreed step, never requeued."""
     FINISHED = "finished"
     REQUEUE_ON = frozenset({TIME_LIMIT, PREEMPTION, NODE_FAILURE})
     """Ends after which the job is requeued (within the bound): the work can go on elsewhere or later."""
@@ -82,6 +89,11 @@ class StopSignals:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
     def _record(self, signum: int, frame: tp.Any) -> None:  # noqa: ARG002 - signal handler signature
+        if signum == signal.SIGINT and any(s == signal.SIGINT for s, _ in self.received):
+            # The second Ctrl-C: the user does not want to wait for the save. One line, exit at once with
+            # the shell's code for SIGINT (os._exit: no unwinding through a collective that would block).
+            os.write(2, b"hpctrain: second Ctrl-C: exiting now without saving\n")
+            os._exit(128 + signal.SIGINT)
         self.received.append((signum, time.time()))  # list.append is atomic under the GIL
 
     @property
@@ -114,7 +126,7 @@ class StopAgreement:
     happens up to 2N-1 steps after the signal).
     """
 
-    def __init__(self, signals: StopSignals, *, every: int = 1, timeout_s: float = 600.0) -> None:
+    def __init__(self, signals: StopSignals, *, every: int = 1, timeout_s: float = DEFAULT_DIST_TIMEOUT_S) -> None:
         import torch.distributed as dist
 
         if every < 1:
@@ -242,6 +254,8 @@ def classify_end(
         return StopCause.NODE_FAILURE if is_peer_failure(error) else StopCause.USER_ERROR
     if signum is None:
         return StopCause.FINISHED
+    if signum == signal.SIGINT:
+        return StopCause.INTERRUPTED
     state = slurm_state.upper()
     if signum == signal.SIGTERM and state in ("CANCELLED", "COMPLETING"):
         return StopCause.CANCELLED

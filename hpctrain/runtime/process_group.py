@@ -18,6 +18,7 @@ import typing as tp
 import torch
 import torch.distributed as dist
 
+from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S
 from hpctrain.runtime.env import DistEnv, DistEnvError
 
 __all__ = [
@@ -142,7 +143,7 @@ def rank_and_world(group: tp.Any = None) -> tp.Tuple[int, int]:
 
 
 def init_process_group(
-    env: DistEnv, device: torch.device, *, timeout_s: float = 600.0, backend: tp.Optional[str] = None
+    env: DistEnv, device: torch.device, *, timeout_s: float = DEFAULT_DIST_TIMEOUT_S, backend: tp.Optional[str] = None
 ) -> str:
     """Initialise the default process group for ``env``; returns the backend used ('nccl' or 'gloo').
 
@@ -150,8 +151,6 @@ def init_process_group(
     communicator and skip the clean-up that could block on a wedged GPU); set it yourself to change it.
     """
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    # Reverse DNS of peers often fails on clusters (and in the dev cluster's namespaces): quiet c10d.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     kwargs: tp.Dict[str, tp.Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device  # eager NCCL init: a bad GPU/network fails here, not in step 1

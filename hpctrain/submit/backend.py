@@ -8,8 +8,12 @@ login side to the node side.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import sys
+import threading
 import time
 import typing as tp
 from dataclasses import dataclass
@@ -51,16 +55,64 @@ def default_run_dir(cfg: SubmitConfig, cwd: tp.Optional[Path] = None, now: tp.Op
     return candidate
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create the run directory; refuse one that already holds a submission (never overwrite a run)."""
+def prepare_run_dir(run_dir: Path, *, resume: bool = False, slurm: tp.Any = None) -> None:
+    """Create the run directory; refuse one that already holds a submission (never overwrite a run), unless
+    ``resume``: then its job must have ended, and its submission record is kept as
+    :meth:`RunDir.previous_submission` before the new one is written."""
+    paths = RunDir(run_dir)
     try:
-        if RunDir(run_dir).submission.exists():
-            raise UsageError(f"--run-dir {run_dir} already holds a submission; choose a new directory")
+        if resume:
+            _archive_ended_submission(paths, slurm)
+        elif paths.submission.exists():
+            raise UsageError(
+                f"--run-dir {run_dir} already holds a submission; choose a new directory, or continue that run "
+                f"with --resume {run_dir}"
+            )
         if run_dir.exists() and not run_dir.is_dir():
             raise UsageError(f"--run-dir {run_dir} exists and is not a directory")
         RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--run-dir {run_dir}: cannot create it ({exc.strerror or exc})") from None
+
+
+def _archive_ended_submission(paths: RunDir, slurm: tp.Any) -> None:
+    """Move the ended job's ``submission.json`` aside (``submissions/<n>.json``); refuse a job still running."""
+    from hpctrain._procs import pid_alive
+    from hpctrain.rundir import read_json
+
+    old = read_json(paths.submission, [])
+    if old is None:
+        raise UsageError(f"--resume {paths.root}: no readable {RunDir.SUBMISSION}; name a run directory to continue")
+    job_id = str(old.get("job_id") or "")
+    if old.get("cluster") == "slurm" and job_id:
+        from hpctrain._slurm import SlurmCommands
+
+        state = (slurm or SlurmCommands()).job_state(job_id)
+        if state.source == "squeue":
+            raise UsageError(f"--resume {paths.root}: job {job_id} is still {state.state}; wait for it or scancel it")
+    elif old.get("cluster") == "local" and job_id.isdigit() and old.get("host") in (None, socket.gethostname()):
+        if pid_alive(int(job_id)):
+            raise UsageError(f"--resume {paths.root}: its local job (pid {job_id}) still runs; stop it first")
+    n = 0
+    while paths.previous_submission(n).exists():
+        n += 1
+    paths.previous_submission(n).parent.mkdir(parents=True, exist_ok=True)
+    os.replace(paths.submission, paths.previous_submission(n))
+
+
+@contextlib.contextmanager
+def _terminal_interrupts_ignored(active: bool) -> tp.Iterator[None]:
+    """Start a local job's processes with SIGINT ignored, so that a Ctrl-C in this terminal never kills
+    submitit's local controller (which would SIGKILL the ranks mid-save). The ranks install their own
+    handler (:class:`~hpctrain.runtime.preemption.StopSignals`): a Ctrl-C reaches them as a clean stop."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited across fork and exec
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
@@ -93,6 +145,7 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         "world_size": cfg.world_size,
         "run_dir": str(run_dir),
         "log_dir": str(folder),
+        "host": socket.gethostname(),
         "state": "submitting",
     }
     atomic_write_json(paths.submission, record)
@@ -113,7 +166,8 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
             gpus_per_node=cfg.gpus_per_node,
         )
     try:
-        job = executor.submit(runner)
+        with _terminal_interrupts_ignored(cluster == "local"):
+            job = executor.submit(runner)
     except Exception as exc:  # submitit raises FailedSubmissionError / CalledProcessError with sbatch's text
         record["state"] = "submission failed"
         record["error"] = str(exc)

@@ -8,6 +8,7 @@ second. Bad input exits 2 with one line naming the flag, and nothing is submitte
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -101,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("training")
     t.add_argument("--entry", metavar="MODULE:FUNCTION", help="function called as FUNCTION(ctx) on every task")
     t.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<job-name>-<timestamp>)")
+    t.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run that ended and was not requeued (a local run, Ctrl-C, --max-requeues used up) in "
+        "its own run directory, with its submitted settings (flags given here override them)",
+    )
     t.add_argument("--config", metavar="FILE", help=f"TOML file (default ./{DEFAULT_CONFIG_FILE} if present)")
     o = p.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true", help="print the sbatch script and exit without submitting")
@@ -124,7 +131,12 @@ def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.
     cwd = cwd or Path.cwd()
     config_file = getattr(ns, "config", None)
     kwargs: tp.Dict[str, tp.Any] = {}
-    if config_file is not None:
+    resume = getattr(ns, "resume", None)
+    if resume is not None:
+        if getattr(ns, "run_dir", None) is not None:
+            raise UsageError("--resume RUN_DIR names the run directory; drop --run-dir")
+        kwargs.update(_submitted_config(Path(resume)))  # what was submitted (TOML and flags then) < flags now
+    elif config_file is not None:
         kwargs.update(load_toml(Path(config_file)))
     elif (cwd / DEFAULT_CONFIG_FILE).exists():
         kwargs.update(load_toml(cwd / DEFAULT_CONFIG_FILE))
@@ -135,6 +147,21 @@ def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.
     if entry_args is not None:
         kwargs["entry_args"] = entry_args
     return SubmitConfig(**kwargs), ns
+
+
+def _submitted_config(run_dir: Path) -> tp.Dict[str, tp.Any]:
+    """The SubmitConfig fields of the run's newest submission, to resubmit it as it was."""
+    from hpctrain.rundir import read_json
+
+    problems: tp.List[str] = []
+    record = read_json(RunDir(run_dir).submission, problems)
+    if record is None or not isinstance(record.get("config"), dict):
+        why = problems[0] if problems else f"no {RunDir.SUBMISSION}"
+        raise UsageError(f"--resume {shorten(str(run_dir))}: {why}; name a run directory hpctrain.submit created")
+    fields = {f.name for f in dataclasses.fields(SubmitConfig)}
+    kwargs = {k: v for k, v in record["config"].items() if k in fields}
+    kwargs["run_dir"] = str(run_dir)
+    return kwargs
 
 
 def _resolve_cluster(cfg: SubmitConfig) -> str:
@@ -210,7 +237,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
                 f"--partition {cfg.partition!r} does not exist on this cluster; sinfo lists: {', '.join(names)}"
             )
     check_entry_imports(cfg.entry)
-    backend.prepare_run_dir(run_dir)
+    backend.prepare_run_dir(run_dir, resume=getattr(ns, "resume", None) is not None, slurm=slurm)
     sub = backend.submit(cfg, run_dir=run_dir, cluster=cluster, argv=["-m", "hpctrain.submit", *argv])
     return _report(cfg, sub, slurm, follow_job=getattr(ns, "follow", False), console=console)
 
@@ -273,18 +300,48 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
     if sub.cluster == "slurm":
         console.print(f"  follow  : tail -f {escape(shlex.quote(str(sub.log_path(0))))}   ·   squeue -j {sub.job_id}")
         console.print(f"  cancel  : scancel {sub.job_id}")
+    interrupts: tp.List[float] = []
     if sub.cluster == "local":
-        # A local job is a child of this process: stay with it until it ends.
-        final = follow(sub.job_id, sub.log_path(0), lambda: _local_state(sub.job), poll_s=0.5, console=console)
+        # A local job is a child of this process: stay with it until it ends, through a Ctrl-C too (the
+        # ranks got it as well: they stop at an agreed step and save; a second one ends them at once).
+        with _counting_interrupts(interrupts, console):
+            final = follow(sub.job_id, sub.log_path(0), lambda: _local_state(sub.job), poll_s=0.5, console=console)
     elif follow_job:
         final = follow(sub.job_id, sub.log_path(0), lambda: slurm.job_state(sub.job_id), console=console)
     else:
         return 0
     ok = final.state == "COMPLETED"
+    if interrupts:
+        from hpctrain.ledger import Ledger
+
+        exits = Ledger(sub.run_dir).records("exit")
+        reason = exits[-1].get("reason") if exits else "no exit record (the ranks were ended at once)"
+        console.print(f"job {sub.job_id} interrupted: {escape(str(reason))}")
+        return 130
     console.print(
         f"job {sub.job_id} ended {final.state}" + ("" if ok else f"; see {escape(str(sub.log_path(0, 'err')))}")
     )
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _counting_interrupts(presses: tp.List[float], console: tp.Any) -> tp.Iterator[None]:
+    """SIGINT while following a local job: note it and keep following (the ranks are stopping); a third
+    press gives up following (KeyboardInterrupt) for a user whose ranks do not stop."""
+    import signal
+
+    def on_interrupt(signum: int, frame: tp.Any) -> None:  # noqa: ARG001 - signal handler signature
+        presses.append(time.time())
+        if len(presses) == 1:
+            console.print("Ctrl-C: the ranks stop at an agreed step and save; Ctrl-C again ends them at once")
+        elif len(presses) >= 3:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _local_state(job: tp.Any) -> tp.Any:

@@ -1,4 +1,5 @@
-"""How an attempt ends (hpctrain.launch.ending) with a fake Slurm: classification, requeue decision, records.
+"""How an attempt ends (hpctrain.launch.ending) with a fake Slurm: classification, requeue decision, records,
+which rank decides.
 
 The real signals, requeues and restarts are tested on the dev cluster (tests/cluster/test_preemption.py).
 """
@@ -127,3 +128,45 @@ def test_finished_and_local_runs_never_requeue(tmp_path):
 def test_array_tasks_requeue_only_themselves():
     assert requeue_job_id("105", {"SLURM_ARRAY_JOB_ID": "100", "SLURM_ARRAY_TASK_ID": "5"}) == "100_5"
     assert requeue_job_id("105", {}) == "105"
+
+
+def _peer_error() -> RuntimeError:
+    return RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+
+
+def test_the_lowest_survivor_decides_when_rank_0_left_no_end_record(tmp_path, capsys):
+    _run(tmp_path, resumed=0, committed=None)
+    slurm = FakeSlurm()
+    slurm.queue["7"] = ["RUNNING"]
+    end = _end(tmp_path, slurm, rank=1, world_size=3, error=_peer_error(), takeover_wait_s=0.3)
+    assert end is not None and end.cause == "node_failure" and end.record["decided_by_rank"] == 1
+    assert [r["event"] for r in Ledger(tmp_path).records()] == ["start", "exit"]
+    assert "rank 0 left no end record; rank 1 decided" in capsys.readouterr().err
+    # rank 2 finds rank 1's end record: it does not decide again
+    assert _end(tmp_path, slurm, rank=2, world_size=3, error=_peer_error(), takeover_wait_s=0.3) is None
+    assert len(Ledger(tmp_path).records("exit")) == 1
+
+
+def test_a_survivor_leaves_the_decision_to_a_rank_0_that_wrote_its_end(tmp_path):
+    _run(tmp_path, resumed=0, committed=None)
+    slurm = FakeSlurm()
+    rank0_end = rank_end_path(tmp_path, "7", 0, 0)
+    rank0_end.parent.mkdir(parents=True)
+    rank0_end.write_text(json.dumps({"rank": 0, "cause": "node_failure"}))
+    assert _end(tmp_path, slurm, rank=1, world_size=2, error=_peer_error(), takeover_wait_s=0.3) is None
+    assert Ledger(tmp_path).records("exit") == []
+
+
+def test_one_decision_per_attempt_even_when_rank_0_comes_late(tmp_path):
+    _run(tmp_path, resumed=0, committed=None)
+    slurm = FakeSlurm()
+    first = _end(tmp_path, slurm, rank=1, world_size=2, error=_peer_error(), takeover_wait_s=0.1)
+    late = _end(tmp_path, slurm, rank=0, world_size=2, error=_peer_error())
+    assert first is not None and late is None and len(Ledger(tmp_path).records("exit")) == 1
+
+
+def test_a_rank_that_is_not_a_failure_survivor_never_decides(tmp_path):
+    _run(tmp_path, resumed=0, committed=None)
+    assert _end(tmp_path, FakeSlurm(), rank=1, world_size=2, error=ValueError("user bug"), takeover_wait_s=0.1) is None
+    assert _end(tmp_path, FakeSlurm(), rank=1, world_size=2, takeover_wait_s=0.1) is None
+    assert Ledger(tmp_path).records("exit") == []
