@@ -10,6 +10,8 @@ import os
 import typing as tp
 from pathlib import Path
 
+from hpctrain.ckpt.config import CheckpointConfig
+
 __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult", "latest_committed"]
 
 
@@ -29,7 +31,7 @@ class Committed(tuple):  # type: ignore[type-arg]
 
 
 if tp.TYPE_CHECKING:  # pragma: no cover
-    from hpctrain.ckpt.checkpointer import CheckpointConfig, Checkpointer, RestoreResult
+    from hpctrain.ckpt.checkpointer import Checkpointer, RestoreResult
 
 
 def latest_committed(dir: tp.Union[str, os.PathLike]) -> tp.Optional[Committed]:

@@ -8,6 +8,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -21,7 +22,7 @@ import torch
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._dtensor import check_placements, fully_replicated, is_dtensor, local_box, writes_chunk
-from hpctrain.ckpt._fetch import EXCHANGES, read, route
+from hpctrain.ckpt._fetch import read, route
 from hpctrain.ckpt._format import (
     SMALL_PIECE_BYTES,
     CheckpointFormatError,
@@ -30,9 +31,8 @@ from hpctrain.ckpt._format import (
     step_name,
 )
 from hpctrain.ckpt._reader import Index, build_index
-from hpctrain.ckpt._restore import RESTORE_MODES, Plan, fill, plan, resolve_mode
+from hpctrain.ckpt._restore import Plan, fill, plan, resolve_mode
 from hpctrain.ckpt._scan import (
-    ABANDONED_AFTER_S,
     Deleter,
     plan_retention,
     remove_dir,
@@ -55,6 +55,7 @@ from hpctrain.ckpt._state import (
     whole,
 )
 from hpctrain.ckpt._writer import Writer
+from hpctrain.ckpt.config import CheckpointConfig
 from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
@@ -62,69 +63,6 @@ __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
 log = logging.getLogger("hpctrain.ckpt")
 
 _STATE_NAMES = ("model", "optimizer", "scheduler", "scaler")
-
-
-@dataclass(kw_only=True, frozen=True)
-class CheckpointConfig:
-    dir: tp.Union[str, os.PathLike]
-    """Directory holding one sub-directory per committed step (on the shared filesystem)."""
-    keep_last: int = 3
-    """Keep the newest K committed checkpoints (0 = keep all). Incomplete ones never count."""
-    keep_every: int = 0
-    """Also keep every checkpoint whose step is a multiple of N (0 = off)."""
-    verify_checksums: bool = True
-    """On restore, check the crc32 of every shard (each rank checks 1/world of them). Sizes are always checked."""
-    agreement_timeout_s: float = 600.0
-    """Timeout of the control collectives (gloo) of the commit protocol and restore."""
-    lustre_stripe: tp.Tuple[str, ...] = ()
-    """Arguments for ``lfs setstripe`` on each new checkpoint dir, e.g. ``("-c", "-1", "-S", "16M")``; () = off.
-    Ignored where ``lfs`` is not installed."""
-    check_free_space: bool = True
-    """Fail before writing when the filesystem lacks room for the checkpoint."""
-    free_space_margin: float = 1.05
-    """Required free space as a multiple of the checkpoint size."""
-    clean_abandoned: bool = True
-    """At startup, delete temporary directories of earlier interrupted saves (in the background, rank 0):
-    those of earlier restarts of this job, those whose writers are provably gone, and those untouched
-    for ``abandoned_after_s``."""
-    abandoned_after_s: float = ABANDONED_AFTER_S
-    """A temporary directory whose writers cannot be proven gone is left alone until untouched this long."""
-    restore_mode: str = "auto"
-    """``read_once``: each rank reads about 1/world of the replicated state from the files and the ranks
-    exchange the rest over the checkpointer's gloo group (the filesystem sees each byte once).
-    ``read_all``: every rank reads all of it (no network traffic; every host reads the whole checkpoint).
-    ``auto``: ``read_once`` when the ranks run on several hosts, ``read_all`` when they share one (its page
-    cache serves the bytes to every rank, and that is faster than the loopback exchange).
-    Sharded (DTensor) state is always read by the ranks that need it, each byte range once."""
-    restore_exchange: str = "auto"
-    """How ``read_once`` ranks exchange the bytes. ``host``: in host memory over the checkpointer's own gloo
-    group. ``device``: over the training (default) process group through buffers on its device, at most 1 GiB
-    of device memory at a time (under NCCL: NVLink/InfiniBand instead of TCP). ``auto``: ``device`` when the
-    default group is NCCL, else ``host``."""
-
-    def __post_init__(self) -> None:
-        if not str(self.dir):
-            raise UsageError("CheckpointConfig.dir must be a directory path")
-        if self.keep_last < 0:
-            raise UsageError(f"CheckpointConfig.keep_last must be >= 0 (0 keeps all), got {self.keep_last}")
-        if self.keep_every < 0:
-            raise UsageError(f"CheckpointConfig.keep_every must be >= 0 (0 = off), got {self.keep_every}")
-        if not self.agreement_timeout_s > 0:
-            raise UsageError(f"CheckpointConfig.agreement_timeout_s must be > 0, got {self.agreement_timeout_s}")
-        if self.restore_exchange not in EXCHANGES:
-            raise UsageError(
-                f"CheckpointConfig.restore_exchange must be one of {EXCHANGES}, got {self.restore_exchange!r}"
-            )
-        if self.restore_mode not in RESTORE_MODES:
-            raise UsageError(f"CheckpointConfig.restore_mode must be one of {RESTORE_MODES}, got {self.restore_mode!r}")
-        if not self.abandoned_after_s > 0:
-            raise UsageError(f"CheckpointConfig.abandoned_after_s must be > 0, got {self.abandoned_after_s}")
-        if self.free_space_margin < 1.0:
-            raise UsageError(f"CheckpointConfig.free_space_margin must be >= 1.0, got {self.free_space_margin}")
-        if isinstance(self.lustre_stripe, str) or not all(isinstance(a, str) for a in self.lustre_stripe):
-            raise UsageError(
-                "CheckpointConfig.lustre_stripe must be a tuple of lfs setstripe arguments, e.g. ('-c', '-1')"
-            )
 
 
 @dataclass
@@ -141,6 +79,9 @@ class RestoreResult:
     """False when this rank had no counterpart in the saved world (rank >= saved world size)."""
     quarantined: tp.List[int] = field(default_factory=list)
     """Newer steps that failed verification and were set aside before this one loaded."""
+    committed_at: tp.Optional[float] = None
+    """When this step was committed (its manifest's ``time``, Unix seconds; None if not a finite number), so
+    that callers (the Trainer's ledger: progress lost by a restart) never parse manifests themselves."""
 
 
 class Checkpointer:
@@ -150,6 +91,8 @@ class Checkpointer:
         self, config: CheckpointConfig, *, run_id: str = "", lustre: tp.Optional[LustreCommands] = None
     ) -> None:
         """``lustre``: the ``lfs`` seam used for ``config.lustre_stripe`` (default: the real ``lfs``)."""
+        if config.dir is None:  # None means "the run's default", which only the Trainer knows
+            raise UsageError("CheckpointConfig.dir must be a directory path for a Checkpointer, got None")
         self.config = config
         self.run_id = run_id
         self.root = Path(config.dir)
@@ -531,6 +474,7 @@ class Checkpointer:
             run_id=manifest.get("run_id", ""),
             rng_restored=rng_restored,
             quarantined=quarantined,
+            committed_at=_finite(manifest.get("time")),
         )
 
 
@@ -543,6 +487,12 @@ def _gc_paused() -> tp.Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _finite(value: tp.Any) -> tp.Optional[float]:
+    """A manifest number as a float, None when it is not a finite number (a damaged or older manifest)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
 
 
 def _unwrap(model: tp.Any) -> tp.Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typing as tp
 
-from hpctrain.data._config import H5DataConfig
+from hpctrain.data.config import H5DataConfig
 from hpctrain.data.metrics import LoaderMetrics, StepMetrics
 from hpctrain.data.synth import make_dataset
 

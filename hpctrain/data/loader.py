@@ -25,11 +25,11 @@ import typing as tp
 import numpy as np
 import torch
 
-from hpctrain.data._config import H5DataConfig
 from hpctrain.data._h5 import Layout, scan
 from hpctrain.data._order import EpochOrder, EpochPlan, batches_per_epoch
 from hpctrain.data._pinned import PinnedRing
 from hpctrain.data._workers import InlineReader, SlotArena, WorkerPool, batch_spec, memory_available
+from hpctrain.data.config import H5DataConfig
 from hpctrain.data.metrics import LoaderMetrics, StepMetrics
 from hpctrain.errors import HpctrainError, UsageError
 

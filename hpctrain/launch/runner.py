@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
 from hpctrain._entry import split_entry
+from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
 from hpctrain.errors import UsageError
 from hpctrain.rundir import RunDir
 
@@ -72,8 +73,8 @@ class Runner:
         run_dir: str,
         entry_args: tp.Sequence[str] = (),
         gpus_per_node: int = 0,
-        dist_timeout_s: float = 600.0,
-        max_requeues: int = 3,
+        dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S,
+        max_requeues: int = DEFAULT_MAX_REQUEUES,
         signal_lead_s: float = 0.0,
         time_limit_s: tp.Optional[float] = None,
     ) -> None:
@@ -97,7 +98,8 @@ class Runner:
         # First, before the slow imports and the rendezvous: a signal during start-up is recorded, not lost
         # or fatal, and submitit's own handlers (USR2 -> requeue by rank 0 alone) are replaced on every task.
         signals = StopSignals().install()
-        # Before torch loads: c10d warns about every peer whose reverse DNS fails (common on clusters).
+        # Before torch loads (c10 reads it once): c10d warns about every peer whose reverse DNS fails
+        # (common on clusters, and in the dev cluster's namespaces). The one place hpctrain sets it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         from hpctrain.launch.context import RunContext
         from hpctrain.launch.ending import finish_attempt
@@ -171,6 +173,18 @@ class Runner:
         if error is not None:
             if end is not None and end.requeued:
                 raise SystemExit(0)  # the job runs again; the traceback is in this attempt's log
+            from hpctrain.runtime.preemption import is_peer_failure
+
+            if is_peer_failure(error):
+                # Another rank or its node went away: this rank's own code is fine, and gloo's/NCCL's
+                # traceback names a socket, not the cause. One line; the deciding rank recorded the end.
+                print(
+                    f"hpctrain: rank {env.rank}: a peer rank failed ({type(error).__name__}: "
+                    f"{str(error).splitlines()[0][:200] if str(error) else ''}); this rank ends",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                raise SystemExit(1)
             raise error
         if stop is None:
             return result
@@ -216,11 +230,15 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     parser.add_argument("--entry", required=True, help="module:function taking a RunContext")
     parser.add_argument("--run-dir", required=True, help="run directory shared by all nodes")
     parser.add_argument("--gpus-per-node", type=int, default=0)
-    parser.add_argument("--dist-timeout", type=float, default=600.0, help="seconds to wait for all ranks")
+    parser.add_argument(
+        "--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT_S, help="seconds to wait for all ranks"
+    )
     parser.add_argument(
         "--signal-lead", type=float, default=0.0, help="seconds of the job's --signal=USR2@S (0: unknown)"
     )
-    parser.add_argument("--max-requeues", type=int, default=3, help="requeues after time limit/preemption/failure")
+    parser.add_argument(
+        "--max-requeues", type=int, default=DEFAULT_MAX_REQUEUES, help="requeues after time limit/preemption/failure"
+    )
     parser.add_argument("--time-limit", type=float, help="seconds; default: the job's limit as squeue reports it")
     args, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":

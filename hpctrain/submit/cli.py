@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hpctrain._cli import ArgumentParser, console_entry
 from hpctrain._files import check_path_limits, shorten
+from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
 from hpctrain.errors import UsageError
 from hpctrain.rundir import RunDir
 from hpctrain.submit.config import DEFAULT_CONFIG_FILE, SubmitConfig, format_time, load_toml
@@ -93,12 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-requeues",
         type=_integer,
         metavar="N",
-        help="requeues after a time limit, preemption or rank/node failure (default 3), counted by hpctrain "
-        "with SLURM_RESTART_COUNT; a time limit or failure whose attempt committed no new checkpoint step "
-        "is not requeued (docs/preemption.md)",
+        help=f"requeues after a time limit, preemption or rank/node failure (default {DEFAULT_MAX_REQUEUES}), "
+        "counted by hpctrain with SLURM_RESTART_COUNT; a time limit or failure whose attempt committed no new "
+        "checkpoint step is not requeued (docs/preemption.md)",
     )
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
-    s.add_argument("--dist-timeout", type=_integer, metavar="SECONDS", help="rendezvous timeout per rank (default 600)")
+    s.add_argument(
+        "--dist-timeout",
+        type=_integer,
+        metavar="SECONDS",
+        help=f"rendezvous timeout per rank (default {DEFAULT_DIST_TIMEOUT_S})",
+    )
     t = p.add_argument_group("training")
     t.add_argument("--entry", metavar="MODULE:FUNCTION", help="function called as FUNCTION(ctx) on every task")
     t.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<job-name>-<timestamp>)")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from hpctrain._files import read_regular_file, shorten
 from hpctrain._slurm import format_time, parse_time
+from hpctrain._validate import check_choice, check_int, check_str
+from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
 from hpctrain.errors import UsageError
 
 try:  # Python 3.11+
@@ -47,9 +49,15 @@ def parse_mem(text: str) -> str:
     return text
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class SubmitConfig:
-    """One submission. Field names are the TOML keys (``[job]`` table, ``[train]`` for entry/args)."""
+    """One submission. Field names are the TOML keys (``[job]`` table, ``[train]`` for entry/args).
+
+    Frozen and checked on construction; an error names the option as its flag (``--nodes 0 must be at
+    least 1``), since flags and TOML keys both end up here.
+    """
+
+    _option_name = "--{flag}"
 
     nodes: int = 1
     """Number of nodes (``--nodes``)."""
@@ -78,13 +86,13 @@ class SubmitConfig:
     signal_lead: tp.Optional[int] = None
     """Seconds before the time limit at which every task gets USR2 to checkpoint; default 120 s,
     or a quarter of the limit for jobs shorter than 8 minutes (``--signal-lead``)."""
-    max_requeues: int = 3
+    max_requeues: int = DEFAULT_MAX_REQUEUES
     """Requeues after a time limit, preemption or rank/node failure (``--max-requeues``), counted by hpctrain
     against ``SLURM_RESTART_COUNT``; rank 0 requeues with ``scontrol requeue`` (docs/preemption.md)."""
     cluster: str = "auto"
     """``slurm``, ``local`` (submitit's local executor, same number of processes), or ``auto``:
     Slurm when ``sbatch`` is on PATH (``--cluster``)."""
-    dist_timeout: int = 600
+    dist_timeout: int = DEFAULT_DIST_TIMEOUT_S
     """Seconds a rank waits for the others at rendezvous before failing (``--dist-timeout``)."""
     entry: tp.Optional[str] = None
     """Training entry point ``module:function``, called as ``function(ctx)`` on every task (``--entry``)."""
@@ -92,59 +100,29 @@ class SubmitConfig:
     """The entry's own arguments (after ``--`` on the command line; ``[train] args`` in TOML)."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "mem",
-            "time",
-            "partition",
-            "account",
-            "qos",
-            "constraint",
-            "job_name",
-            "run_dir",
-            "cluster",
-            "entry",
-        ):
+        for name in ("time", "mem"):  # `time = 30` in TOML means 30 minutes, as in Slurm
             value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                if name in ("time", "mem") and isinstance(value, int) and not isinstance(value, bool):
-                    setattr(self, name, str(value))  # `time = 30` in TOML means 30 minutes, as in Slurm
-                else:
-                    raise UsageError(f"--{name.replace('_', '-')} {shorten(repr(value))} must be a string")
-        for name in (
-            "nodes",
-            "gpus_per_node",
-            "tasks_per_node",
-            "cpus_per_task",
-            "max_requeues",
-            "dist_timeout",
-            "signal_lead",
-        ):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise UsageError(f"--{name.replace('_', '-')} {shorten(repr(value))} must be an integer")
-            if value is not None and value > MAX_INT:
-                raise UsageError(f"--{name.replace('_', '-')} {shorten(value)} is too large (at most {MAX_INT})")
-        if self.nodes < 1:
-            raise UsageError(f"--nodes {self.nodes} must be at least 1")
-        if self.gpus_per_node < 0:
-            raise UsageError(f"--gpus-per-node {self.gpus_per_node} must be 0 (CPU) or more")
-        if self.tasks_per_node is not None and self.tasks_per_node < 1:
-            raise UsageError(f"--tasks-per-node {self.tasks_per_node} must be at least 1")
-        if self.cpus_per_task is not None and self.cpus_per_task < 1:
-            raise UsageError(f"--cpus-per-task {self.cpus_per_task} must be at least 1")
-        if self.max_requeues < 0:
-            raise UsageError(f"--max-requeues {self.max_requeues} must be 0 or more")
-        if self.dist_timeout < 1:
-            raise UsageError(f"--dist-timeout {self.dist_timeout} must be at least 1 second")
-        if self.cluster not in CLUSTERS:
-            raise UsageError(f"--cluster {self.cluster!r} must be one of {', '.join(CLUSTERS)}")
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, str(value))
+        check_str(self, "time", self.time)
+        for name in ("mem", "partition", "account", "qos", "constraint", "run_dir", "entry"):
+            check_str(self, name, getattr(self, name), none_ok=True)
+        check_str(self, "job_name", self.job_name)
+        check_choice(self, "cluster", self.cluster, CLUSTERS)
+        check_int(self, "nodes", self.nodes, min=1, max=MAX_INT)
+        check_int(self, "gpus_per_node", self.gpus_per_node, min=0, max=MAX_INT, hint="0 = a CPU job over gloo")
+        check_int(self, "tasks_per_node", self.tasks_per_node, min=1, max=MAX_INT, none_ok=True)
+        check_int(self, "cpus_per_task", self.cpus_per_task, min=1, max=MAX_INT, none_ok=True)
+        check_int(self, "max_requeues", self.max_requeues, min=0, max=MAX_INT, hint="0 = never requeue")
+        check_int(self, "dist_timeout", self.dist_timeout, min=1, max=MAX_INT, hint="seconds")
+        check_int(self, "signal_lead", self.signal_lead, max=MAX_INT, none_ok=True)
         limit = parse_time(self.time)
         if self.signal_lead is not None and not 0 < self.signal_lead < limit:
             raise UsageError(
                 f"--signal-lead {self.signal_lead} must be between 1 and the time limit ({limit} s) minus one"
             )
         if self.mem is not None:
-            self.mem = parse_mem(self.mem)
+            object.__setattr__(self, "mem", parse_mem(self.mem))
         if not self.job_name or _CONTROL.search(self.job_name) or "%" in self.job_name:
             raise UsageError(f"--job-name {shorten(repr(self.job_name))} must be non-empty, one line, without '%'")
         if len(self.job_name.encode("utf-8", "surrogateescape")) > MAX_JOB_NAME_BYTES:

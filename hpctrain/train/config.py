@@ -1,69 +1,119 @@
 """The Trainer's configuration: nested keyword-only dataclasses, checked on construction (no torch).
 
-Every check raises :class:`~hpctrain.errors.UsageError` naming the option as ``TrainConfig.<field>`` or
-``TrainConfig.checkpoint.<field>``, so a bad value fails before any rank builds a model.
+Every check raises :class:`~hpctrain.errors.UsageError` naming the option as ``TrainConfig.<field>``,
+``TrainConfig.checkpoint.<field>`` or ``TrainConfig.metrics.<field>``, so a bad value fails before any rank
+builds a model. How the checkpointer saves, keeps and restores is a :class:`~hpctrain.ckpt.CheckpointConfig`
+(``TrainConfig.checkpoint.config``), the same class a hand-written loop gives the Checkpointer.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import typing as tp
 from dataclasses import asdict, dataclass, field
 
+from hpctrain._validate import check_bool, check_choice, check_instance, check_int, check_number
+from hpctrain.ckpt.config import CheckpointConfig, check_field
 from hpctrain.errors import UsageError
 
-__all__ = ["TrainConfig", "CheckpointPolicy", "MetricsConfig", "AMP_MODES"]
+__all__ = ["TrainConfig", "CheckpointPolicy", "MetricsConfig", "AMP_MODES", "MAX_SEED"]
 
 AMP_MODES = ("off", "bf16", "fp16")
+MAX_SEED = 2**64 - 1
+"""Largest ``TrainConfig.seed``: ``torch.manual_seed`` takes at most a 64-bit unsigned value (python's
+``random.seed`` takes any integer; numpy gets ``seed % 2**32``)."""
 
-
-def _int_at_least(where: str, value: tp.Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise UsageError(f"{where} must be an integer >= {low}, got {value!r}")
-
-
-def _number_at_least(where: str, value: tp.Any, low: float, *, strict: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= low if strict else value < low):
-        raise UsageError(f"{where} must be a number {'>' if strict else '>='} {low}, got {value!r}")
+PathLike = tp.Union[str, os.PathLike]
 
 
 @dataclass(kw_only=True)
 class CheckpointPolicy:
-    """When and where the Trainer saves. Saving is on when ``every_steps`` or ``every_minutes`` is set."""
+    """When the Trainer saves, and the :class:`~hpctrain.ckpt.CheckpointConfig` it saves with. Saving is on
+    when ``every_steps`` or ``every_minutes`` is set.
 
-    dir: tp.Optional[tp.Union[str, os.PathLike]] = None
-    """Checkpoint directory (shared by all nodes); None = ``RUN_DIR/checkpoints``. A run resumes from the
-    newest committed checkpoint found here."""
+    ``dir`` and ``keep_last`` are shorthands for ``config.dir`` and ``config.keep_last``:
+    ``CheckpointPolicy(every_steps=200, dir="/lustre/ck", keep_last=5)`` is
+    ``CheckpointPolicy(every_steps=200, config=CheckpointConfig(dir="/lustre/ck", keep_last=5))``. Reading
+    ``policy.dir`` or ``policy.keep_last`` reads the config.
+    """
+
+    _option_name = "TrainConfig.checkpoint.{name}"
+
     every_steps: int = 0
     """Save every N optimizer steps (0 = not by step count)."""
     every_minutes: float = 0.0
     """Save when this many minutes passed since the last save (0 = not by time). Rank 0's clock decides,
     at the next log interval, so that every rank saves at the same step."""
-    keep_last: int = 2
-    """Committed checkpoints to keep (0 = all)."""
     async_save: bool = True
     """Periodic saves return after copying the state to host memory; a background thread writes it.
     The final save (end of training or stop) always blocks until committed."""
     resume: bool = True
     """Restore from the newest committed checkpoint in ``dir`` at start (False: start fresh even if one exists)."""
+    config: tp.Optional[CheckpointConfig] = None
+    """The checkpointer's settings (``keep_last``, ``keep_every``, ``lustre_stripe``, ``restore_mode``, ...;
+    see docs/checkpoint.md). Its ``dir`` None = ``RUN_DIR/checkpoints``. None = ``CheckpointConfig()`` with
+    the ``dir`` and ``keep_last`` given here; always a CheckpointConfig after construction."""
+    dir: dataclasses.InitVar[tp.Optional[PathLike]] = None
+    """Shorthand for ``config.dir``: the checkpoint directory (shared by all nodes); None = ``RUN_DIR/checkpoints``.
+    A run resumes from the newest committed checkpoint found here."""
+    keep_last: dataclasses.InitVar[tp.Optional[int]] = None
+    """Shorthand for ``config.keep_last``: committed checkpoints to keep (0 = all; default
+    ``CheckpointConfig.keep_last``)."""
 
     @property
     def enabled(self) -> bool:
         return bool(self.every_steps or self.every_minutes)
 
-    def __post_init__(self) -> None:
-        _int_at_least("TrainConfig.checkpoint.every_steps", self.every_steps, 0)
-        _number_at_least("TrainConfig.checkpoint.every_minutes", self.every_minutes, 0.0)
-        _int_at_least("TrainConfig.checkpoint.keep_last", self.keep_last, 0)
-        if self.dir is not None and not os.fspath(self.dir):
-            raise UsageError("TrainConfig.checkpoint.dir must be a directory path or None (RUN_DIR/checkpoints)")
+    def __post_init__(self, dir: tp.Optional[PathLike], keep_last: tp.Optional[int]) -> None:
+        check_int(self, "every_steps", self.every_steps, min=0, hint="0 = not by step count")
+        check_number(self, "every_minutes", self.every_minutes, min=0, hint="0 = not by time")
+        check_bool(self, "async_save", self.async_save)
+        check_bool(self, "resume", self.resume)
+        check_instance(self, "config", self.config, CheckpointConfig, none_ok=True)
+        given = {name: value for name, value in (("dir", dir), ("keep_last", keep_last)) if value is not None}
+        for name, value in given.items():
+            check_field(self, name, value)  # CheckpointConfig's rule, named TrainConfig.checkpoint.<name>
+        if self.config is None:
+            self.config = CheckpointConfig(**given)
+            return
+        for name, value in given.items():
+            if value != getattr(self.config, name):
+                raise UsageError(
+                    f"TrainConfig.checkpoint.{name}={value!r} disagrees with TrainConfig.checkpoint.config.{name}="
+                    f"{getattr(self.config, name)!r}: give it in one place"
+                )
+
+    def checkpointer_config(self, default_dir: PathLike) -> CheckpointConfig:
+        """``config`` as the Checkpointer takes it: ``dir`` None replaced by ``default_dir`` (the run's
+        ``RUN_DIR/checkpoints``)."""
+        assert self.config is not None  # set by __post_init__
+        if self.config.dir is not None:
+            return self.config
+        return dataclasses.replace(self.config, dir=default_dir)
+
+
+def _config_attr(name: str, doc: str) -> property:
+    def get(self: CheckpointPolicy) -> tp.Any:
+        return getattr(self.config, name)
+
+    def set(self: CheckpointPolicy, value: tp.Any) -> None:
+        check_field(self, name, value)
+        self.config = dataclasses.replace(tp.cast(CheckpointConfig, self.config), **{name: value})
+
+    return property(get, set, doc=doc)
+
+
+# Read and written through the config; set here, after @dataclass read the shorthands' defaults (None).
+CheckpointPolicy.dir = _config_attr("dir", "``config.dir``: the checkpoint directory; None = RUN_DIR/checkpoints.")  # type: ignore[assignment]
+CheckpointPolicy.keep_last = _config_attr("keep_last", "``config.keep_last``: committed checkpoints kept (0 = all).")  # type: ignore[assignment]
 
 
 @dataclass(kw_only=True)
 class MetricsConfig:
     """The always-on measurement (see docs/train.md for the JSONL schema)."""
+
+    _option_name = "TrainConfig.metrics.{name}"
 
     enabled: bool = True
     """Time every step's phases on every rank and gather them at each log interval. False keeps only the
@@ -77,10 +127,12 @@ class MetricsConfig:
     """Peak FLOP/s of one device for MFU; None = looked up for known GPUs (dense bf16), else MFU is null."""
 
     def __post_init__(self) -> None:
-        if self.flops_per_sample is not None:
-            _number_at_least("TrainConfig.metrics.flops_per_sample", self.flops_per_sample, 0.0, strict=True)
-        if self.peak_flops_per_device is not None:
-            _number_at_least("TrainConfig.metrics.peak_flops_per_device", self.peak_flops_per_device, 0.0, strict=True)
+        check_bool(self, "enabled", self.enabled)
+        check_bool(self, "display", self.display)
+        check_number(self, "flops_per_sample", self.flops_per_sample, above=0, none_ok=True, hint="None = counted")
+        check_number(
+            self, "peak_flops_per_device", self.peak_flops_per_device, above=0, none_ok=True, hint="None = known GPUs"
+        )
 
 
 @dataclass(kw_only=True)
@@ -104,7 +156,8 @@ class TrainConfig:
     amp: str = "off"
     """Mixed precision on GPU: 'off', 'bf16' (autocast) or 'fp16' (autocast + GradScaler, checkpointed)."""
     seed: int = 0
-    """Seeds python, numpy and torch before the model is built (the same initial weights on every rank)."""
+    """Seeds python, numpy and torch before the model is built (the same initial weights on every rank);
+    0 to ``MAX_SEED`` (2**64 - 1, what ``torch.manual_seed`` takes)."""
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     """When and where to checkpoint."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -115,25 +168,25 @@ class TrainConfig:
             raise UsageError(
                 f"TrainConfig: give exactly one of steps or epochs (got steps={self.steps!r}, epochs={self.epochs!r})"
             )
-        if self.steps is not None:
-            _int_at_least("TrainConfig.steps", self.steps, 1)
-        if self.epochs is not None:
-            _int_at_least("TrainConfig.epochs", self.epochs, 1)
-        _int_at_least("TrainConfig.log_every", self.log_every, 1)
-        _int_at_least("TrainConfig.eval_every", self.eval_every, 0)
-        _int_at_least("TrainConfig.eval_batches", self.eval_batches, 0)
-        _int_at_least("TrainConfig.grad_accum", self.grad_accum, 1)
-        _number_at_least("TrainConfig.grad_clip", self.grad_clip, 0.0)
-        _int_at_least("TrainConfig.seed", self.seed, 0)
-        if self.amp not in AMP_MODES:
-            raise UsageError(f"TrainConfig.amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
-        if not isinstance(self.checkpoint, CheckpointPolicy):
-            raise UsageError("TrainConfig.checkpoint must be a CheckpointPolicy")
-        if not isinstance(self.metrics, MetricsConfig):
-            raise UsageError("TrainConfig.metrics must be a MetricsConfig")
+        check_int(self, "steps", self.steps, min=1, none_ok=True)
+        check_int(self, "epochs", self.epochs, min=1, none_ok=True)
+        check_int(self, "log_every", self.log_every, min=1)
+        check_int(self, "eval_every", self.eval_every, min=0, hint="0 = only at the end")
+        check_int(self, "eval_batches", self.eval_batches, min=0, hint="0 = a whole pass")
+        check_int(self, "grad_accum", self.grad_accum, min=1)
+        check_number(self, "grad_clip", self.grad_clip, min=0, hint="0 = off")
+        check_int(self, "seed", self.seed, min=0, max=MAX_SEED, hint="what torch.manual_seed takes")
+        check_choice(self, "amp", self.amp, AMP_MODES)
+        check_instance(self, "checkpoint", self.checkpoint, CheckpointPolicy)
+        check_instance(self, "metrics", self.metrics, MetricsConfig)
 
     def to_dict(self) -> tp.Dict[str, tp.Any]:
+        """Plain JSON-ready values (the ledger records it). ``checkpoint.dir`` and ``checkpoint.keep_last``
+        repeat ``checkpoint.config``'s, as the shorthands read."""
         out = asdict(self)
-        if out["checkpoint"]["dir"] is not None:
-            out["checkpoint"]["dir"] = os.fspath(out["checkpoint"]["dir"])
+        ck = out["checkpoint"]
+        if ck["config"]["dir"] is not None:
+            ck["config"]["dir"] = os.fspath(ck["config"]["dir"])
+        ck["config"]["lustre_stripe"] = list(ck["config"]["lustre_stripe"])
+        ck["dir"], ck["keep_last"] = ck["config"]["dir"], ck["config"]["keep_last"]
         return out

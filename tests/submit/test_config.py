@@ -101,3 +101,66 @@ def test_bad_toml_is_rejected(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(UsageError, match=message):
         load_toml(path)
+
+
+def test_one_default_for_requeues_and_the_dist_timeout(tmp_path, monkeypatch):
+    """Issue 18 §4: each default is defined once (hpctrain.defaults); the config, the Runner, its command line
+    and the runtime all take it from there."""
+    import inspect
+
+    from hpctrain.ckpt import CheckpointConfig
+    from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
+    from hpctrain.launch import runner
+
+    cfg = SubmitConfig()
+    assert (cfg.max_requeues, cfg.dist_timeout) == (DEFAULT_MAX_REQUEUES, DEFAULT_DIST_TIMEOUT_S)
+    params = inspect.signature(runner.Runner).parameters
+    assert params["max_requeues"].default == DEFAULT_MAX_REQUEUES
+    assert params["dist_timeout_s"].default == DEFAULT_DIST_TIMEOUT_S
+    assert CheckpointConfig().agreement_timeout_s == DEFAULT_DIST_TIMEOUT_S
+    seen = []
+    monkeypatch.setattr(runner.Runner, "__call__", lambda self: seen.append(self))
+    assert runner.main(["--entry", "pkg.mod:fn", "--run-dir", str(tmp_path)]) == 0
+    assert (seen[0].max_requeues, seen[0].dist_timeout_s) == (DEFAULT_MAX_REQUEUES, DEFAULT_DIST_TIMEOUT_S)
+
+
+def test_runtime_defaults_come_from_the_same_place():
+    import inspect
+
+    pytest.importorskip("torch")
+    from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S
+    from hpctrain.runtime import preemption, process_group
+
+    assert inspect.signature(process_group.init_process_group).parameters["timeout_s"].default == DEFAULT_DIST_TIMEOUT_S
+    assert inspect.signature(preemption.StopAgreement).parameters["timeout_s"].default == DEFAULT_DIST_TIMEOUT_S
+
+
+def test_config_is_frozen_and_keeps_its_checks():
+    import dataclasses
+
+    cfg = SubmitConfig(nodes=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.nodes = 0  # type: ignore[misc]
+    with pytest.raises(UsageError, match="--nodes 0 must be at least 1"):
+        dataclasses.replace(cfg, nodes=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nodes": True}, "--nodes True must be an integer"),
+        ({"max_requeues": -1}, "--max-requeues -1 must be at least 0"),
+        ({"dist_timeout": 0}, "--dist-timeout 0 must be at least 1"),
+        ({"dist_timeout": 1.5}, "--dist-timeout 1.5 must be an integer"),
+        ({"cpus_per_task": 10**9}, "--cpus-per-task 1000000000 is too large"),
+        ({"entry": 5}, "--entry 5 must be a string"),
+        ({"time": 30}, None),  # `time = 30` in TOML: 30 minutes, as in Slurm
+    ],
+)
+def test_flag_named_errors_from_the_shared_checks(kwargs, message):
+    if message is None:
+        assert SubmitConfig(**kwargs).time == "30"
+        return
+    with pytest.raises(UsageError, match=message) as e:
+        SubmitConfig(**kwargs)
+    assert "\n" not in str(e.value)

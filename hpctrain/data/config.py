@@ -1,4 +1,7 @@
-"""The loader's configuration: one frozen, keyword-only dataclass, checked on construction (no torch)."""
+"""The loader's configuration: one frozen, keyword-only dataclass, checked on construction (no torch).
+
+Errors name the field: ``H5DataConfig.global_batch_size must be an integer >= 1, got 0``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import os
 import typing as tp
 from dataclasses import asdict, dataclass
 
+from hpctrain._validate import check_bool, check_choice, check_int, check_number, check_path, usage_error
 from hpctrain.errors import UsageError
 
 __all__ = ["H5DataConfig", "TAIL_POLICIES", "START_METHODS"]
@@ -16,6 +20,18 @@ START_METHODS = ("fork", "spawn", "forkserver")
 
 def _bad(name: str, why: str) -> UsageError:
     return UsageError(f"H5DataConfig.{name} {why}")
+
+
+def _sequence(owner: tp.Any, name: str, value: tp.Any, one: tp.Tuple[type, ...], what: str) -> tp.Tuple[tp.Any, ...]:
+    """``value`` as a tuple: one item of type ``one``, or any iterable of items (bytes are refused)."""
+    if isinstance(value, one):
+        return (value,)
+    if not isinstance(value, (bytes, bytearray)):
+        try:
+            return tuple(value)
+        except TypeError:
+            pass
+    raise usage_error(owner, name, value, f"must be {what}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,8 +74,10 @@ class H5DataConfig:
     """Fail with a clear error when a worker produces nothing for this long."""
 
     def __post_init__(self) -> None:
-        files = (self.files,) if isinstance(self.files, (str, os.PathLike)) else tuple(self.files)
-        keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
+        files = _sequence(self, "files", self.files, (str, os.PathLike), "an HDF5 file path or a list of them")
+        keys = _sequence(self, "keys", self.keys, (str,), "a dataset name or a list of them, e.g. ('x', 'y')")
+        for f in files:
+            check_path(self, "files", f, what="HDF5 file paths")
         object.__setattr__(self, "files", tuple(os.fspath(f) for f in files))
         object.__setattr__(self, "keys", tuple(str(k) for k in keys))
         if not self.files:
@@ -73,30 +91,22 @@ class H5DataConfig:
                 raise _bad("keys", f"may not contain {name!r} (the loader adds that entry to each batch)")
         for name, low in (
             ("global_batch_size", 1),
+            ("seed", 0),
             ("window_chunks", 1),
             ("num_workers", 0),
             ("prefetch_depth", 1),
             ("block_bytes", 1),
             ("rdcc_nbytes", 0),
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise _bad(name, f"must be an integer >= {low}, got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise _bad("seed", f"must be a non-negative integer, got {self.seed!r}")
-        if self.partitions is not None:
-            if not isinstance(self.partitions, int) or self.partitions < 1:
-                raise _bad("partitions", f"must be None or an integer >= 1, got {self.partitions!r}")
-            if self.global_batch_size % self.partitions:
-                raise _bad(
-                    "partitions", f"({self.partitions}) must divide global_batch_size ({self.global_batch_size})"
-                )
-        if self.tail not in TAIL_POLICIES:
-            raise _bad("tail", f"must be one of {', '.join(TAIL_POLICIES)}, got {self.tail!r}")
-        if self.start_method not in START_METHODS:
-            raise _bad("start_method", f"must be one of {', '.join(START_METHODS)}, got {self.start_method!r}")
-        if not self.worker_timeout_s > 0:
-            raise _bad("worker_timeout_s", f"must be > 0, got {self.worker_timeout_s!r}")
+            check_int(self, name, getattr(self, name), min=low)
+        check_int(self, "partitions", self.partitions, min=1, none_ok=True, hint="None = the first run's world size")
+        if self.partitions is not None and self.global_batch_size % self.partitions:
+            raise _bad("partitions", f"({self.partitions}) must divide global_batch_size ({self.global_batch_size})")
+        check_bool(self, "shuffle", self.shuffle)
+        check_bool(self, "pin_memory", self.pin_memory)
+        check_choice(self, "tail", self.tail, TAIL_POLICIES)
+        check_choice(self, "start_method", self.start_method, START_METHODS)
+        check_number(self, "worker_timeout_s", self.worker_timeout_s, above=0, hint="seconds")
 
     def to_dict(self) -> tp.Dict[str, tp.Any]:
         out = asdict(self)
