@@ -10,27 +10,12 @@ import typing as tp
 import numpy as np
 import torch
 
+from hpctrain._cuda import CudaRuntime
 from hpctrain.ckpt._state import Piece, piece_bytes, piece_view
 
-__all__ = ["Stager", "CudaOps", "cuda_devices"]
+__all__ = ["Stager", "cuda_devices"]
 
 log = logging.getLogger(__name__)
-
-
-class CudaOps:
-    """The CUDA calls staging makes, behind one seam so that tests can record them without a GPU."""
-
-    def synchronize(self, device: int) -> None:
-        torch.cuda.synchronize(device)
-
-    def pin(self, ptr: int, nbytes: int) -> bool:
-        """Page-lock ``[ptr, ptr + nbytes)`` for every device (cudaHostRegisterPortable); False on failure."""
-        return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)) == 0
-
-    def unpin(self, ptr: int) -> None:
-        rc = int(torch.cuda.cudart().cudaHostUnregister(ptr))
-        if rc != 0:
-            log.warning("hpctrain.ckpt: cudaHostUnregister of the staging arena failed (cudaError %d)", rc)
 
 
 def cuda_devices(pieces: tp.Sequence[Piece]) -> tp.List[int]:
@@ -54,7 +39,7 @@ class _Arena:
         self.ptr = self.tensor.data_ptr()
         self.pinned = False
 
-    def release(self, ops: CudaOps) -> None:
+    def release(self, ops: CudaRuntime) -> None:
         if self.pinned:
             ops.unpin(self.ptr)
             self.pinned = False
@@ -84,8 +69,8 @@ class Stager:
     the arena before it is handed to the writer and before the caller may change the state.
     """
 
-    def __init__(self, cuda: tp.Optional[CudaOps] = None) -> None:
-        self._cuda = cuda or CudaOps()
+    def __init__(self, cuda: tp.Optional[CudaRuntime] = None) -> None:
+        self._cuda = cuda or CudaRuntime()
         self._arena: tp.Optional[_Arena] = None
 
     @property

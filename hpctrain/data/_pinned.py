@@ -7,45 +7,9 @@ import typing as tp
 import numpy as np
 import torch
 
-__all__ = ["CudaBackend", "PinnedRing", "empty_host_cache"]
+from hpctrain._cuda import CudaRuntime, empty_host_cache
 
-
-def empty_host_cache() -> None:
-    """Return torch's cached, unused pinned host blocks to the system (the caching host allocator keeps
-    freed blocks pinned for reuse until asked)."""
-    fn = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None) or getattr(
-        torch._C, "_host_emptyCache", None
-    )
-    if fn is not None and torch.cuda.is_initialized():
-        fn()
-
-
-class CudaBackend:
-    """The torch.cuda calls the ring makes, behind one seam so that tests can record them on CPU."""
-
-    def stream(self, device: torch.device) -> tp.Any:
-        return torch.cuda.Stream(device=device)
-
-    def current_stream(self, device: torch.device) -> tp.Any:
-        return torch.cuda.current_stream(device)
-
-    def use(self, stream: tp.Any) -> tp.ContextManager[tp.Any]:
-        return torch.cuda.stream(stream)
-
-    def event(self) -> tp.Any:
-        return torch.cuda.Event()
-
-    def pinned(self, shape: tp.Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, pin_memory=True)
-
-    def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return t.to(device, non_blocking=True)
-
-    def record_stream(self, t: torch.Tensor, stream: tp.Any) -> None:
-        t.record_stream(stream)
-
-    def empty_host_cache(self) -> None:
-        empty_host_cache()
+__all__ = ["PinnedRing", "empty_host_cache"]
 
 
 class PinnedRing:
@@ -58,9 +22,9 @@ class PinnedRing:
     buffer is refilled only after the copy that last read it has finished (its event).
     """
 
-    def __init__(self, device: torch.device, depth: int = 3, backend: tp.Optional[CudaBackend] = None) -> None:
+    def __init__(self, device: torch.device, depth: int = 3, backend: tp.Optional[CudaRuntime] = None) -> None:
         self.device, self.depth = device, depth
-        self._cuda = backend or CudaBackend()
+        self._cuda = backend or CudaRuntime()
         self._ring: tp.List[tp.Tuple[tp.Dict[str, torch.Tensor], tp.Any]] = []
         self._next = 0
         self._stream: tp.Any = None

@@ -18,6 +18,7 @@ import typing as tp
 import torch
 import torch.distributed as dist
 
+from hpctrain._cuda import CudaRuntime
 from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S
 from hpctrain.runtime.env import DistEnv, DistEnvError
 
@@ -30,27 +31,10 @@ __all__ = [
     "rank_and_world",
     "cpu_threads",
     "set_cpu_threads",
-    "CudaDevices",
 ]
 
 
-class CudaDevices:
-    """The seam to the CUDA runtime that device selection needs (a fake with other counts in CPU tests)."""
-
-    def is_available(self) -> bool:
-        return torch.cuda.is_available()
-
-    def count(self) -> int:
-        return torch.cuda.device_count()
-
-    def set_device(self, index: int) -> None:
-        torch.cuda.set_device(index)
-
-    def uuid(self, index: int) -> str:
-        return str(torch.cuda.get_device_properties(index).uuid)
-
-
-def select_device(env: DistEnv, gpus_per_node: int, *, cuda: tp.Optional[CudaDevices] = None) -> torch.device:
+def select_device(env: DistEnv, gpus_per_node: int, *, cuda: tp.Optional[CudaRuntime] = None) -> torch.device:
     """The device of this task: CPU for a CPU job, else the GPU it sees as its own.
 
     - the task sees exactly one GPU (per-task binding, ``--gpus-per-task``/``CUDA_VISIBLE_DEVICES`` of one):
@@ -61,7 +45,7 @@ def select_device(env: DistEnv, gpus_per_node: int, *, cuda: tp.Optional[CudaDev
     """
     if gpus_per_node <= 0:
         return torch.device("cpu")
-    cuda = cuda or CudaDevices()
+    cuda = cuda or CudaRuntime()
     host = socket.gethostname()
     if not cuda.is_available():
         raise DistEnvError(
@@ -84,11 +68,11 @@ def select_device(env: DistEnv, gpus_per_node: int, *, cuda: tp.Optional[CudaDev
     return torch.device("cuda", index)
 
 
-def check_distinct_gpus(env: DistEnv, device: torch.device, *, cuda: tp.Optional[CudaDevices] = None) -> None:
+def check_distinct_gpus(env: DistEnv, device: torch.device, *, cuda: tp.Optional[CudaRuntime] = None) -> None:
     """After init: every rank of a node must hold a different physical GPU (one all-gather of host + UUID)."""
     if device.type != "cuda" or env.world_size == 1:
         return
-    cuda = cuda or CudaDevices()
+    cuda = cuda or CudaRuntime()
     mine = (socket.gethostname(), cuda.uuid(device.index or 0))
     everyone: tp.List[tp.Any] = [None] * env.world_size
     dist.all_gather_object(everyone, mine)

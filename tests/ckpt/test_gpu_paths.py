@@ -11,29 +11,22 @@ import typing as tp
 import pytest
 import torch
 
-from hpctrain.ckpt import _staging
+from hpctrain import testing
+from hpctrain.ckpt import _staging as _staging_module
 from hpctrain.ckpt._staging import Stager, cuda_devices
 from hpctrain.ckpt._state import Piece, capture_rng, plan_offsets, restore_rng, whole
 
 
-class FakeCuda(_staging.CudaOps):
+class FakeCuda(testing.FakeCuda):
     """Records pin/unpin/synchronize; ``snapshot`` sees the arena's bytes at each synchronize."""
 
     def __init__(self, pin_ok: bool = True) -> None:
-        self.log: tp.List[tp.Tuple[tp.Any, ...]] = []
-        self.pin_ok = pin_ok
+        super().__init__(pin_ok=pin_ok)
         self.stager: tp.Optional[Stager] = None
 
     def synchronize(self, device: int) -> None:
         a = self.stager._arena if self.stager is not None else None
         self.log.append(("sync", device, bytes(a.tensor[:8].numpy()) if a is not None else None))
-
-    def pin(self, ptr: int, nbytes: int) -> bool:
-        self.log.append(("pin", ptr, nbytes))
-        return self.pin_ok
-
-    def unpin(self, ptr: int) -> None:
-        self.log.append(("unpin", ptr))
 
 
 def _staged(stager: Stager, tensors: tp.Dict[str, torch.Tensor]) -> tp.Tuple[bytes, int]:
@@ -54,7 +47,7 @@ def test_cuda_devices_are_every_gpu_that_holds_a_piece():
 def test_every_gpu_is_synchronised_before_and_after_the_copies_and_the_arena_is_pinned(monkeypatch):
     fake = FakeCuda()
     stager = fake.stager = Stager(fake)
-    monkeypatch.setattr(_staging, "cuda_devices", lambda pieces: [0, 2])  # as if the state sat on GPUs 0 and 2
+    monkeypatch.setattr(_staging_module, "cuda_devices", lambda pieces: [0, 2])  # as if the state sat on GPUs 0 and 2
     first = torch.arange(2, 10, dtype=torch.uint8)
     data, size = _staged(stager, {"a": first, "b": torch.arange(7.0).view(7, 1).t()})
     ops = [e[0] for e in fake.log]
@@ -72,7 +65,7 @@ def test_every_gpu_is_synchronised_before_and_after_the_copies_and_the_arena_is_
 def test_a_grown_arena_unpins_the_old_one_first_and_release_unpins(monkeypatch):
     fake = FakeCuda()
     stager = Stager(fake)
-    monkeypatch.setattr(_staging, "cuda_devices", lambda pieces: [0])
+    monkeypatch.setattr(_staging_module, "cuda_devices", lambda pieces: [0])
     _, small = _staged(stager, {"a": torch.zeros(100)})
     old = stager._arena.ptr
     _staged(stager, {"a": torch.zeros(10)})  # fits: reused, no new pin
@@ -101,7 +94,7 @@ def test_cpu_state_is_neither_pinned_nor_synchronised():
 def test_a_failed_pin_still_stages_correctly(monkeypatch):
     fake = FakeCuda(pin_ok=False)
     stager = Stager(fake)
-    monkeypatch.setattr(_staging, "cuda_devices", lambda pieces: [0])
+    monkeypatch.setattr(_staging_module, "cuda_devices", lambda pieces: [0])
     t = torch.arange(12.0).view(3, 4).t()
     data, _ = _staged(stager, {"a": t})
     assert stager.pinned_bytes == 0
@@ -114,7 +107,7 @@ def test_checkpointer_close_unpins_the_arena(tmp_path, monkeypatch):
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
 
     fake = FakeCuda()
-    monkeypatch.setattr(_staging, "cuda_devices", lambda pieces: [0])
+    monkeypatch.setattr(_staging_module, "cuda_devices", lambda pieces: [0])
     ck = Checkpointer(CheckpointConfig(dir=tmp_path))
     ck._stager = Stager(fake)
     ck.save(1, extra={"w": torch.arange(1000.0)}, blocking=False)

@@ -5,7 +5,6 @@ benchmarks/gpu_check_loader.py runs the same path on a real GPU."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import typing as tp
 
@@ -14,73 +13,8 @@ import pytest
 import torch
 
 from hpctrain.data import H5DataConfig, H5Loader, _pinned
-from hpctrain.data._pinned import CudaBackend, PinnedRing
-
-
-class FakeStream:
-    def __init__(self, log: tp.List[tp.Any], name: str) -> None:
-        self.log, self.name = log, name
-
-    def wait_event(self, ev: "FakeEvent") -> None:
-        self.log.append(("wait", self.name, ev.n))
-
-    def synchronize(self) -> None:
-        self.log.append(("sync stream", self.name))
-
-
-class FakeEvent:
-    count = 0
-
-    def __init__(self, log: tp.List[tp.Any]) -> None:
-        FakeEvent.count += 1
-        self.log, self.n = log, FakeEvent.count
-
-    def record(self, stream: FakeStream) -> None:
-        self.log.append(("record", stream.name, self.n))
-
-    def synchronize(self) -> None:
-        self.log.append(("sync", self.n))
-
-
-class FakeCuda(CudaBackend):
-    """CPU stand-in: 'device' copies are clones; every stream/event call is logged."""
-
-    def __init__(self) -> None:
-        self.log: tp.List[tp.Any] = []
-        self.current = FakeStream(self.log, "current")
-        self.in_use: tp.Optional[str] = None
-
-    def stream(self, device: torch.device) -> FakeStream:
-        self.log.append(("new stream",))
-        return FakeStream(self.log, "copy")
-
-    def current_stream(self, device: torch.device) -> FakeStream:
-        return self.current
-
-    @contextlib.contextmanager
-    def use(self, stream: FakeStream) -> tp.Iterator[None]:
-        self.in_use = stream.name
-        try:
-            yield
-        finally:
-            self.in_use = None
-
-    def event(self) -> FakeEvent:
-        return FakeEvent(self.log)
-
-    def pinned(self, shape: tp.Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        self.log.append(("pin",))
-        return torch.empty(shape, dtype=dtype)
-
-    def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
-        assert self.in_use == "copy", "the host-to-device copy must run on the copy stream"
-        return t.clone()
-
-    def record_stream(self, t: torch.Tensor, stream: FakeStream) -> None:
-        self.log.append(("record_stream", stream.name))
-
-    def empty_host_cache(self) -> None:
-        self.log.append(("empty_host_cache",))
+from hpctrain.data._pinned import PinnedRing
+from hpctrain.testing import FakeCuda, FakeStream
 
 
 def _views(i: int) -> tp.Dict[str, np.ndarray]:
@@ -134,7 +68,7 @@ def test_close_releases_buffers_waits_for_the_copy_stream_and_empties_the_host_c
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
     fake = FakeCuda()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_pinned, "CudaBackend", lambda: fake)
+    monkeypatch.setattr(_pinned, "CudaRuntime", lambda: fake)
     return fake
 
 

@@ -8,27 +8,9 @@ import pytest
 import torch
 
 from hpctrain.runtime.env import DistEnv, DistEnvError
-from hpctrain.runtime.process_group import CudaDevices, check_distinct_gpus, rank_and_world, select_device
+from hpctrain.runtime.process_group import check_distinct_gpus, rank_and_world, select_device
+from hpctrain.testing import FakeCuda
 from tests.multiproc import run_world
-
-
-class FakeCuda(CudaDevices):
-    def __init__(self, count: int, uuids=None, available: bool = True) -> None:
-        self._count, self._available = count, available
-        self.uuids = uuids or [f"GPU-{i}" for i in range(count)]
-        self.current = None
-
-    def is_available(self) -> bool:
-        return self._available
-
-    def count(self) -> int:
-        return self._count
-
-    def set_device(self, index: int) -> None:
-        self.current = index
-
-    def uuid(self, index: int) -> str:
-        return self.uuids[index]
 
 
 def env(local_rank: int, local_world: int, rank: int = 0, world: int = 0) -> DistEnv:
