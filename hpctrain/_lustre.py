@@ -1,7 +1,7 @@
 """The one seam between hpctrain and the Lustre client command ``lfs`` (``setstripe``, ``getstripe``).
 
 :class:`LustreCommands` runs the real ``lfs``; tests pass a fake with the same :meth:`run`
-(``tests/fake_lustre.py``), as :class:`hpctrain._slurm.SlurmCommands` does for Slurm. Striping is
+(:class:`hpctrain.testing.FakeLustre`), as :class:`hpctrain._slurm.SlurmCommands` does for Slurm. Striping is
 a performance hint everywhere hpctrain uses it: where ``lfs`` is missing or fails, the caller goes on
 with the filesystem's default layout. Stdlib only (login-node tools use it).
 """

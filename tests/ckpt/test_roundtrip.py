@@ -135,7 +135,7 @@ def test_resaving_a_committed_step_replaces_it_without_writing_into_it(tmp_path)
 
 def test_lustre_striping_creates_each_shard_through_the_lfs_seam_when_configured(tmp_path):
     from hpctrain.ckpt import Checkpointer
-    from tests.fake_lustre import FakeLustre
+    from hpctrain.testing import FakeLustre
 
     lfs = FakeLustre()
     model, opt, _ = w.build(1)

@@ -15,7 +15,7 @@ import pytest
 
 from hpctrain.launch.ending import finish_attempt, rank_end_path, requeue_job_id
 from hpctrain.ledger import Ledger
-from tests.submit.fake_slurm import FakeSlurm
+from hpctrain.testing import FakeSlurm
 
 
 def _run(tmp_path: Path, *, resumed: int, committed: int | None, restart: int = 0) -> None:

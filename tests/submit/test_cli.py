@@ -9,7 +9,7 @@ import pytest
 
 from hpctrain.errors import UsageError
 from hpctrain.submit import cli
-from tests.submit.fake_slurm import FakeSlurm
+from hpctrain.testing import FakeSlurm
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 from hpctrain.submit.follow import LogTail, follow
-from tests.submit.fake_slurm import FakeSlurm
+from hpctrain.testing import FakeSlurm
 
 
 def test_partitions_and_default():
