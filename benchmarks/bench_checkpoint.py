@@ -252,7 +252,9 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                                 raise OSError(f"{f}: truncated")
                             got += k
                 start += n
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            from hpctrain.runtime.process_group import all_gather_into_tensor
+
+            gather = all_gather_into_tensor()
             gather(buf, buf[rank * chunk : (rank + 1) * chunk], group=cks["read_once"]._comm.group)
 
         timed("raw_read_s", lambda: raw_read(files), before=lambda: evict(ck_dir))

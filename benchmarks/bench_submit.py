@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -26,8 +25,8 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT), TORCH_CPP_LOG_LEVEL="ERROR")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ENV, ROOT, wall  # noqa: E402
 
 RAW_RANK = textwrap.dedent(
     """
@@ -43,15 +42,6 @@ RAW_RANK = textwrap.dedent(
     dist.barrier(); dist.destroy_process_group()
     """
 )
-
-
-def wall(cmd: list, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, env=ENV, check=True, capture_output=True)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def wait_job(job_id: str, timeout: float = 300) -> None:

@@ -27,15 +27,14 @@ import multiprocessing as mp
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import typing as tp
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT), TORCH_CPP_LOG_LEVEL="ERROR")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import wall  # noqa: E402
 
 
 def _free_port() -> int:
@@ -138,15 +137,6 @@ def _in_process_ab(blocks: int, steps: int, dim: int, hidden: int, batch: int) -
     finally:
         dist.destroy_process_group()
         torch.set_num_threads(threads)
-
-
-def wall(argv: list, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(argv, cwd=ROOT, env=ENV, check=True, capture_output=True)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -263,9 +263,9 @@ _DEVICE_ROUND = 1 << 30
 
 
 def _gather() -> tp.Callable[..., tp.Any]:
-    import torch.distributed as dist
+    from hpctrain.runtime.process_group import all_gather_into_tensor
 
-    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.12
+    return all_gather_into_tensor()
 
 
 def _gather_through_device(

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.ckpt._boxes import Box, boxes_tile, flat_runs, runs, whole
-from hpctrain.ckpt._entries import _entry_problem, _ranges_ok
+from hpctrain.ckpt._entries import _entry_problem, _is_int, _ranges_ok
 from hpctrain.ckpt._format import (
     DTYPE_SIZES,
     FORMAT_VERSION,
@@ -167,11 +167,6 @@ def _check_depth(obj: tp.Any, where: str, what: str) -> None:
         for node in level:
             nxt += [v for v in (node.values() if type(node) is dict else node) if type(v) is dict or type(v) is list]
         level, depth = nxt, depth + 1
-
-
-def _is_int(v: tp.Any, lo: int = 0, hi: tp.Optional[int] = None) -> bool:
-    """A JSON integer in [lo, hi] (``True`` is not an int here)."""
-    return type(v) is int and v >= lo and (hi is None or v <= hi)
 
 
 # ---------------------------------------------------------------------------------------------- manifest

@@ -31,7 +31,15 @@ __all__ = [
     "rank_and_world",
     "cpu_threads",
     "set_cpu_threads",
+    "all_gather_into_tensor",
 ]
+
+
+def all_gather_into_tensor() -> tp.Callable[..., tp.Any]:
+    """torch's gather of equal-sized tensors into one: ``dist.all_gather_single`` where this torch has it (the
+    newer name), else ``dist.all_gather_into_tensor`` (same signature and semantics). One shim for the
+    checkpoint exchange and the metrics gather."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def select_device(env: DistEnv, gpus_per_node: int, *, cuda: tp.Optional[CudaRuntime] = None) -> torch.device:
