@@ -36,6 +36,7 @@ from hpctrain.ckpt._dtensor import Replicas, from_local, replicas
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
 from hpctrain.ckpt._reader import _BYTES_READ, Index, StoredTensor
 from hpctrain.ckpt._state import DTYPES
+from hpctrain.ckpt.config import RESTORE_EXCHANGES
 
 if tp.TYPE_CHECKING:  # pragma: no cover
     from hpctrain.ckpt._restore import Plan
@@ -242,7 +243,7 @@ class Route(tp.NamedTuple):
     """None: in place in host memory; else through buffers on this device (NCCL moves only device memory)."""
 
 
-EXCHANGES = ("auto", "host", "device")
+EXCHANGES = RESTORE_EXCHANGES  # the values CheckpointConfig.restore_exchange takes (ckpt/config.py)
 
 
 def route(setting: str, comm: Comm) -> Route:

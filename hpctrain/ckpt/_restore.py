@@ -2,9 +2,9 @@
 
 1. :func:`plan` (metadata only, nothing read): every stored tensor the caller's objects need, and the box of
    it this rank needs: the whole tensor for plain targets, the new local chunk for DTensor targets (model
-   parameters and buffers, and optimizer state shaped like a DTensor parameter). Keys, global shapes and
-   dtype kinds are checked here, so a layout that cannot be mapped fails naming the tensor before anything
-   is read or loaded.
+   parameters and buffers; optimizer state whose entry in the live optimizer is a DTensor, or, where it has
+   none yet, state shaped like its DTensor parameter). Keys, global shapes and dtype kinds are checked here,
+   so a layout that cannot be mapped fails naming the tensor before anything is read or loaded.
 2. and 3. :func:`hpctrain.ckpt._fetch.read`: each rank reads its share of the byte regions holding what it
    needs (whole tensors packed by file region into one buffer, exchanged with one ``all_gather`` in
    ``read_once`` mode; DTensor chunks as the runs overlapping the new chunk), and the ranks verify every
@@ -26,7 +26,7 @@ from hpctrain.errors import HpctrainError
 
 __all__ = ["Want", "Plan", "plan", "fill", "RESTORE_MODES", "resolve_mode"]
 
-RESTORE_MODES = ("auto", "read_once", "read_all")
+from hpctrain.ckpt.config import RESTORE_MODES  # noqa: E402 - re-exported for the restore code
 
 
 def resolve_mode(mode: str, hosts: int) -> str:
@@ -113,11 +113,12 @@ def plan(index: Index, step: int, targets: tp.Sequence[tp.Tuple[str, tp.Any]], s
     if rank < len(index.shards):
         stored.update(index.local[rank])  # this rank's own RNG state, not the others'
     likes: tp.Dict[str, tp.Any] = {}
-    for name, obj in targets:
+    checked: tp.Set[int] = set()  # ids of the parameters the model check found saved in the shape they have here
+    for name, obj in targets:  # the model first (_STATE_NAMES order): the optimizer check uses what it found
         if name == "model":
-            skeletons[name] = _check_model(step, obj, skeletons[name], stored, strict, likes)
+            skeletons[name] = _check_model(step, obj, skeletons[name], stored, strict, likes, checked)
         elif name == "optimizer":
-            _check_optimizer(step, obj, skeletons[name], stored, likes)
+            _check_optimizer(step, obj, skeletons[name], stored, likes, checked)
     whole_keys: tp.Dict[str, None] = {}  # replicated tensors and those wanted whole, in the order met
     chunks: tp.Dict[str, Want] = {}
     for ref in refmap.refs:
@@ -144,10 +145,19 @@ def _check_tensor(where: str, key: str, st: StoredTensor, target: tp.Any) -> Non
 
 
 def _check_model(
-    step: int, model: tp.Any, skel: tp.Any, stored: tp.Mapping[str, StoredTensor], strict: bool, likes: tp.Dict
+    step: int,
+    model: tp.Any,
+    skel: tp.Any,
+    stored: tp.Mapping[str, StoredTensor],
+    strict: bool,
+    likes: tp.Dict,
+    checked: tp.Set[int],
 ) -> tp.Any:
-    """The saved model state fits ``model.state_dict()``: keys (when strict), global shapes, dtype kinds."""
+    """The saved model state fits ``model.state_dict()``: keys (when strict), global shapes, dtype kinds.
+    Adds to ``checked`` the id of every parameter whose saved tensor was found to have its shape."""
     target = model.state_dict()
+    named = getattr(model, "named_parameters", None)
+    params = dict(named()) if callable(named) else {}
     where = f"checkpoint step {step} does not fit the model passed to restore()"
     if not isinstance(skel, dict):
         raise HpctrainError(f"{where}: the saved model state is a {type(skel).__name__}, not a dict")
@@ -171,6 +181,8 @@ def _check_model(
         if not isinstance(got, _Ref):
             raise HpctrainError(f"{where}: {key} is saved as a {type(got).__name__}, not a tensor")
         _check_tensor(where, key, stored[got.key], want)
+        if key in params:
+            checked.add(id(params[key]))
         if is_dtensor(want):
             check_placements(key, want)
             likes[got.key] = want
@@ -178,10 +190,10 @@ def _check_model(
 
 
 def _check_optimizer(
-    step: int, opt: tp.Any, skel: tp.Any, stored: tp.Mapping[str, StoredTensor], likes: tp.Dict
+    step: int, opt: tp.Any, skel: tp.Any, stored: tp.Mapping[str, StoredTensor], likes: tp.Dict, checked: tp.Set[int]
 ) -> None:
-    """Saved optimizer state fits ``opt``'s parameters: group sizes, and every per-parameter tensor is
-    either shaped like its parameter (then sharded like it) or a scalar (``step``)."""
+    """Saved optimizer state fits ``opt``: group sizes, every saved parameter id maps to a parameter, and every
+    per-parameter state tensor fits what ``opt`` holds for it, or would accept (:func:`_check_state`)."""
     where = f"checkpoint step {step} does not fit the optimizer passed to restore()"
     groups = getattr(opt, "param_groups", None)
     if not isinstance(skel, dict) or not isinstance(skel.get("state"), dict) or groups is None:
@@ -192,22 +204,68 @@ def _check_optimizer(
         got = [len(g.get("params", ())) for g in saved_groups] if isinstance(saved_groups, list) else saved_groups
         raise HpctrainError(f"{where}: parameter groups of sizes {got} saved, {sizes} here")
     params = [p for g in groups for p in g["params"]]
-    by_id = dict(zip(chain.from_iterable(g["params"] for g in saved_groups), params))
+    by_id = dict(zip(chain.from_iterable(g["params"] for g in saved_groups), params))  # as load_state_dict maps
+    live = _live_state(opt, params)
     for pid, state in skel["state"].items():
         p = by_id.get(pid)
         if p is None:
             raise HpctrainError(f"{where}: state for parameter {pid}, which the optimizer does not have")
         if not isinstance(state, dict):
             continue
-        for v in state.values():
-            if not isinstance(v, _Ref):
-                continue
-            st = stored[v.key]
-            if list(st.shape) == list(p.shape):
-                if is_dtensor(p):
-                    check_placements(v.key, p)
-                    likes[v.key] = p
-            elif st.numel > 1 or len(st.shape) > 1:
-                raise HpctrainError(
-                    f"{where}: {v.key} has shape {list(st.shape)} saved, its parameter {list(p.shape)} here"
-                )
+        now = live.get(id(p), {})
+        for name, v in state.items():
+            if isinstance(v, _Ref):  # tensors nested in lists (LBFGS's history) are load_state_dict's to judge
+                _check_state(where, v.key, stored[v.key], p, now.get(name), id(p) in checked, likes)
+
+
+def _live_state(opt: tp.Any, params: tp.Sequence[tp.Any]) -> tp.Dict[int, tp.Dict[tp.Any, tp.Any]]:
+    """The per-parameter state ``opt`` holds now, by ``id`` of the parameter: from its own ``state_dict()`` (what
+    was saved came from there, hooks included), else from ``opt.state`` (e.g. an optimizer whose
+    ``state_dict()`` needs a collective first); empty for an optimizer that has not stepped yet."""
+    try:
+        sd = opt.state_dict()
+        ids = chain.from_iterable(g["params"] for g in sd["param_groups"])
+        by_index = dict(zip(ids, params))
+        return {id(by_index[i]): s for i, s in sd["state"].items() if i in by_index and isinstance(s, dict)}
+    except Exception:  # noqa: BLE001 - only sharpens the check; the raw state says the same for torch optimizers
+        raw = getattr(opt, "state", None)
+        if not isinstance(raw, tp.Mapping):
+            return {}
+        return {id(p): s for p, s in raw.items() if isinstance(p, torch.Tensor) and isinstance(s, dict)}
+
+
+def _check_state(where: str, key: str, st: StoredTensor, p: tp.Any, now: tp.Any, checked: bool, likes: tp.Dict) -> None:
+    """One saved per-parameter state tensor against parameter ``p`` and the optimizer's live entry ``now``.
+
+    The optimizer's own state is the reference, not a guess about its internals: Adafactor's factored
+    ``row_var``/``col_var``, LBFGS's flat history and a user optimizer's buffers are not shaped like their
+    parameter, and load as they are, as torch's ``load_state_dict`` loads them. So:
+
+    - an entry the optimizer holds (it has stepped, or, like Adagrad, fills its state up front): same shape,
+      and a DTensor entry's layout is the one the saved tensor is resharded to;
+    - none held: a tensor shaped like the parameter fits it (sharded like it when it is a DTensor); another
+      shape fits when the model check found this parameter saved in the shape it has here (the state is not
+      elementwise then); without that evidence (the model not restored with it), a tensor of the parameter's
+      rank that neither equals nor reduces its shape (sizes 1 for the reduced dims) is taken for the state of
+      a differently shaped parameter: a different model.
+    """
+    shape = list(st.shape)
+    if isinstance(now, torch.Tensor):
+        if shape != list(now.shape):
+            raise HpctrainError(
+                f"{where}: {key} has shape {shape} saved, {list(now.shape)} in this optimizer's state "
+                f"(parameter {list(p.shape)})"
+            )
+        if is_dtensor(now):
+            check_placements(key, now)
+            likes[key] = now
+        return
+    if shape == list(p.shape):
+        if is_dtensor(p):
+            check_placements(key, p)
+            likes[key] = p
+        return
+    if checked:
+        return
+    if len(shape) == len(p.shape) and any(s not in (n, 1) for s, n in zip(shape, p.shape)):
+        raise HpctrainError(f"{where}: {key} has shape {shape} saved, its parameter {list(p.shape)} here")

@@ -47,7 +47,8 @@ __all__ = [
 
 log = logging.getLogger("hpctrain.ckpt")
 
-ABANDONED_AFTER_S = 3600.0
+from hpctrain.ckpt.config import ABANDONED_AFTER_S  # noqa: E402 - the one definition
+
 """A temporary whose owner cannot be proven gone is left alone until nothing in it changed for this long."""
 OWNER_PREFIX = ".owner-r"
 """``.owner-r<rank>.json`` in a save's temporary directory: who is writing it."""
