@@ -6,7 +6,7 @@ which tensor lie where in which shard, and that they tile each tensor exactly), 
 (well formed for unflattening, every ``{"__tensor__": key}`` naming a stored tensor). Then
 
 * ``verify`` = index + crc32 of every shard (:func:`verify_dir`);
-* restore = index + reads (``Checkpointer._load``; 1/world of the crc32s per rank);
+* restore = index + reads (``Checkpointer.restore``; 1/world of the crc32s per rank);
 * ``digest`` = index + a hash of the bytes in element order (:func:`digest_dir`).
 
 So whatever restore rejects as damaged, ``verify`` reports as invalid: they share every check.

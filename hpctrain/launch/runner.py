@@ -222,9 +222,10 @@ class Runner:
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     """``srun python -m hpctrain.launch --entry mod:fn --run-dir DIR [--gpus-per-node N] -- ARGS``."""
-    import argparse
+    from hpctrain._cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(
+    # The one CLI convention (hpctrain._cli): a bad flag is a one-line UsageError, exit 2.
+    parser = ArgumentParser(
         prog="python -m hpctrain.launch", description="Run an hpctrain entry on this task (use under srun)."
     )
     parser.add_argument("--entry", required=True, help="module:function taking a RunContext")
