@@ -92,3 +92,16 @@ def test_synthetic_demo_resumes_bit_exact_on_three_ranks(tmp_path):
     _run(tmp_path, "first", 3, ["--steps", "4", "--ckpt-dir", ck, *common])
     second = _run(tmp_path, "second", 3, ["--steps", "8", "--ckpt-dir", ck, *common])
     assert second["resumed"]["step"] == 4 and second["weights_checksum"] == straight["weights_checksum"]
+
+
+def test_demo_loss_falls_within_tools_demo_s_100_steps_on_synth_data(tmp_path):
+    # tools/demo's data (`data synth --samples 20000 --shape 64`) and its 100 steps, default lr and batch
+    from hpctrain.data import make_dataset
+
+    data = str(make_dataset(tmp_path / "demo.h5", 20000, shape=(64,)))
+    result = _run(tmp_path, "run", 1, ["--data", data, "--steps", "100", "--workers", "1", "--log-every", "1"])
+    curve = _losses(tmp_path / "run")
+    assert sorted(curve) == list(range(1, 101)) and result["steps"] == 100
+    first, last10 = curve[1], sum(curve[s] for s in range(91, 101)) / 10
+    assert 2.0 < first < 2.7  # ln(10) = 2.303: inputs at unit scale, no exploding first steps
+    assert last10 < 0.7 * first, (first, last10)

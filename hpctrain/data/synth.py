@@ -1,7 +1,13 @@
 """Synthetic HDF5 datasets for demos, tests and the benchmark (numpy + h5py only, no torch).
 
-Sample ``i`` has ``x[i].flat[0] == i`` (exact in float32 below 2**24) so readers can be audited, and
-label ``y[i] = i % classes``.
+* ``x`` (``fill='random'``, float dtypes): quantised noise, standardised (mean 0, std 1 per feature).
+* The sample id, for auditing readers, sits in the first feature at unit scale:
+  ``x[i].flat[0] == i / ID_SCALE`` (``ID_SCALE = 2**24``: exact in float32 below 2**24 samples, in
+  float16 below 2**11). :func:`sample_ids` reads it back from a batch. Integer dtypes hold ``i`` itself.
+* ``y[i] = argmax(x[i] @ W)``: a fixed random linear teacher ``W`` (:func:`teacher`), seeded by the
+  feature count and the class count only, so every file of one shape shares one labelling, whatever
+  its ``seed``; the id feature has weight 0. The labels are learnable from ``x``
+  (:func:`teacher_labels` recomputes them).
 """
 
 from __future__ import annotations
@@ -12,7 +18,43 @@ import typing as tp
 
 import numpy as np
 
-__all__ = ["make_dataset"]
+__all__ = ["ID_SCALE", "SYNTH_VERSION", "make_dataset", "sample_ids", "teacher", "teacher_labels"]
+
+SYNTH_VERSION = 2  # the file attribute ``synth_version``; 1 (no attribute): raw ids in x, y = i % classes
+ID_SCALE = 2**24  # float x: x.flat[0] == id / ID_SCALE (a power of two: exact, and below 1 for ids < 2**24)
+_TEACHER_SEED = 0x5EED_7EAC  # the teacher depends on this, the feature count and the class count only
+_NOISE_MEAN, _NOISE_STD = 127.5, float(np.sqrt((256**2 - 1) / 12))  # of uniform bytes 0..255
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    return a.reshape(len(a), int(np.prod(a.shape[1:], dtype=np.int64)))  # (0, F) too: no -1 to infer
+
+
+def sample_ids(x: tp.Any) -> np.ndarray:
+    """The sample ids :func:`make_dataset` wrote into a batch ``x`` of shape (n, *shape): a numpy array
+    or a CPU torch tensor (``batch["x"]``); int64 array of n ids."""
+    a = np.asarray(x)
+    first = _rows(a)[:, 0]
+    if a.dtype.kind == "f":
+        return (first.astype(np.float64) * ID_SCALE).astype(np.int64)
+    return first.astype(np.int64)
+
+
+def teacher(features: int, classes: int) -> np.ndarray:
+    """The labelling weights (features, classes), float64; row 0 (the id feature) is zero."""
+    w = np.random.default_rng([_TEACHER_SEED, int(features), int(classes)]).standard_normal((features, classes))
+    w[0] = 0.0
+    return w
+
+
+def teacher_labels(x: tp.Any, classes: int = 10) -> np.ndarray:
+    """The labels :func:`make_dataset` gives samples ``x`` (n, *shape): ``argmax(x @ teacher)``, int64."""
+    flat = _rows(np.asarray(x))
+    w = teacher(flat.shape[1], classes)
+    out = np.empty(len(flat), dtype=np.int64)
+    for i in range(0, len(flat), 1024):  # bounded float64 copies for large samples
+        out[i : i + 1024] = np.argmax(flat[i : i + 1024].astype(np.float64) @ w, axis=1)
+    return out
 
 
 def make_dataset(
@@ -30,9 +72,10 @@ def make_dataset(
     write_rows: int = 8192,
     id_offset: int = 0,
 ) -> str:
-    """Write ``x`` (samples, *shape) and ``y`` (samples,) int64. ``chunk_samples=None`` and no compression
-    gives contiguous storage; ``id_offset`` shifts the ids written in ``x[:, 0...]``
-    (for multi-file datasets). ``fill='random'`` (compresses like real noisy data) or ``'fast'``."""
+    """Write ``x`` (samples, *shape) and ``y`` (samples,) int64 (see the module doc). ``chunk_samples=None``
+    and no compression gives contiguous storage; ``id_offset`` shifts the ids written in ``x[:, 0...]``
+    (for multi-file datasets). ``fill='random'`` (standardised noise that compresses like real noisy
+    data; ``seed`` draws it) or ``'fast'`` (a ramp in [0, 1], for benchmarks)."""
     if samples < 0:
         raise ValueError("samples must be >= 0")
     path = os.fspath(path)
@@ -88,6 +131,7 @@ def _write(
     import h5py
 
     with h5py.File(tmp, "w", libver="latest") as f:
+        f.attrs["synth_version"] = SYNTH_VERSION
         x = f.create_dataset("x", (samples,) + shape, dtype=dtype, **kw)
         ykw: tp.Dict[str, tp.Any] = {"chunks": (chunk_samples,)} if chunk_samples else {}
         if "maxshape" in kw:
@@ -96,15 +140,19 @@ def _write(
             ykw.update({k: v for k, v in kw.items() if k.startswith("compression")})
         y = f.create_dataset("y", (samples,), dtype="int64", **ykw)
         base = None
+        is_float = np.dtype(dtype).kind == "f"
         for a in range(0, samples, write_rows):
             b = min(samples, a + write_rows)
             if fill == "random":
-                # quantised noise: compresses roughly 2-3x with gzip, like real sensor/image data
-                block = (rng.integers(0, 256, size=(b - a,) + shape, dtype=np.uint8) / 255.0).astype(dtype)
+                # quantised noise: compresses roughly 2-3x with gzip, like real sensor/image data;
+                # float: standardised to mean 0, std 1 (integer dtypes keep the old 0/1 values)
+                q = rng.integers(0, 256, size=(b - a,) + shape, dtype=np.uint8)
+                block = ((q - _NOISE_MEAN) / _NOISE_STD if is_float else q / 255.0).astype(dtype)
             else:
                 if base is None:
                     base = np.linspace(0, 1, int(np.prod(shape)) * write_rows, dtype=dtype).reshape((-1,) + shape)
                 block = base[: b - a].copy()
-            block.reshape(b - a, -1)[:, 0] = np.arange(a, b) + id_offset
+            ids = np.arange(a, b) + id_offset
+            block.reshape(b - a, -1)[:, 0] = ids / ID_SCALE if is_float else ids
             x[a:b] = block
-            y[a:b] = np.arange(a, b) % classes
+            y[a:b] = teacher_labels(block, classes)

@@ -16,7 +16,8 @@ def h5dir(tmp_path_factory: pytest.TempPathFactory) -> tp.Any:
 
 @pytest.fixture(scope="session")
 def files(h5dir: tp.Any) -> tp.Dict[str, tp.List[str]]:
-    """Named datasets: each a list of files; ``x[i].flat[0]`` holds the global sample id."""
+    """Named datasets: each a list of files; ``x[i].flat[0]`` holds the global sample id
+    (``hpctrain.data.synth.sample_ids`` reads it back)."""
     shape = (2, 4, 4)
     out = {
         "gzip": [make_dataset(h5dir / "gz.h5", 1000, shape=shape, chunk_samples=32, compression="gzip")],

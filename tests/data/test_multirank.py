@@ -24,6 +24,7 @@ def _consume(rank, world_size, files, workers, state, stop_after):
     import torch.distributed as dist
 
     from hpctrain.data import H5DataConfig, H5Loader
+    from hpctrain.data.synth import sample_ids
 
     cfg = H5DataConfig(
         files=files,
@@ -42,7 +43,7 @@ def _consume(rank, world_size, files, workers, state, stop_after):
         loader.load_state_dict(state)
         for step, batch in enumerate(loader):
             idx = batch["index"]
-            assert (batch["x"].reshape(len(idx), -1)[:, 0].long() == idx).all()
+            assert (sample_ids(batch["x"]) == idx.numpy()).all()
             seen += idx.tolist()
             if stop_after is not None and step + 1 == stop_after:
                 break
