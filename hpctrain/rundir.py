@@ -16,6 +16,11 @@ checkpoint directory are the one exception: :mod:`hpctrain.ckpt._format` owns th
     RUN_DIR/train/ledger.jsonl                  one record per start, end and exit of an attempt
     RUN_DIR/train/metrics.jsonl                 one record per log interval and per evaluation
     RUN_DIR/checkpoints/                        the Trainer's default checkpoint directory
+    RUN_DIR/identity/submit.json                the run's identity manifest at submit (login node)
+    RUN_DIR/identity/<job>-r<restart>.json      the same, written again by rank 0 at every start
+    RUN_DIR/identity/code.tar.gz                the code snapshot taken at submit (git archive + diff + untracked)
+    RUN_DIR/identity/data-cache.json            content-tier data fingerprints, keyed by their cheap tier
+    RUN_DIR/approvals.jsonl                     the append-only, hash-chained approval log
 
 Records are read through :func:`read_json` and :func:`read_jsonl`, which never block on a FIFO, never
 follow a record into ``/dev/zero``, and read at most a bounded number of bytes: the login-node tools
@@ -66,6 +71,8 @@ class RunDir:
     LEDGER = "ledger.jsonl"
     METRICS = "metrics.jsonl"
     CHECKPOINTS = "checkpoints"
+    IDENTITY = "identity"
+    APPROVALS = "approvals.jsonl"
 
     def __init__(self, root: PathLike) -> None:
         self.root = Path(root)
@@ -133,6 +140,31 @@ class RunDir:
     def checkpoints(self) -> Path:
         """The default checkpoint directory (``CheckpointPolicy.dir`` may name another one)."""
         return self.root / self.CHECKPOINTS
+
+    # ------------------------------------------------------------------ identity and approvals
+    @property
+    def identity(self) -> Path:
+        return self.root / self.IDENTITY
+
+    @property
+    def identity_submit(self) -> Path:
+        """Written once by ``hpctrain.submit``; never overwritten (a start writes its own record)."""
+        return self.identity / "submit.json"
+
+    def identity_attempt(self, job_id: str, restart_count: int) -> Path:
+        return self.identity / f"{job_id or 'local'}-r{restart_count}.json"
+
+    @property
+    def code_snapshot(self) -> Path:
+        return self.identity / "code.tar.gz"
+
+    @property
+    def data_cache(self) -> Path:
+        return self.identity / "data-cache.json"
+
+    @property
+    def approvals(self) -> Path:
+        return self.root / self.APPROVALS
 
 
 def dumps_record(record: tp.Mapping[str, tp.Any]) -> str:
