@@ -54,6 +54,18 @@ class RunContext(DistEnv):
 
     should_stop.collective = True  # type: ignore[attr-defined]  # the Trainer polls it every step
 
+    def agree(self, value: int, op: str = "max") -> int:
+        """The ``max`` (or ``min``) of ``value`` over all ranks: one small all-reduce on the stop agreement's
+        gloo group, so it never queues behind (or syncs) the training group's NCCL work. **Collective**:
+        every rank calls it at the same point. The Trainer agrees with it on how many evaluation batches
+        to poll for a stop and on whether to abandon an in-flight save at a stop. ``value`` itself when
+        the context has no stop agreement (not started by a Runner: nothing to agree with)."""
+        if op not in ("max", "min"):
+            raise ValueError(f"RunContext.agree(op=...) must be 'max' or 'min', got {op!r}")
+        if self.stop is None:
+            return int(value)
+        return int(self.stop.reduce([int(value)], op)[0])
+
     def stop_time_left(self) -> tp.Optional[float]:
         """Seconds until Slurm kills the job, estimated from the first stop signal this rank recorded
         (signal time + ``signal_lead_s``; Slurm may send it up to 60 s early, so the real margin is larger);

@@ -30,7 +30,7 @@ __all__ = [
 _LAZY = {
     "Trainer": "hpctrain.train.trainer",
     "FitResult": "hpctrain.train.trainer",
-    "StopSignal": "hpctrain.train.trainer",
+    "StopSignal": "hpctrain.train.stopping",
     "MetricsRecorder": "hpctrain.train.metrics",
     "StepTimer": "hpctrain.train.metrics",
     "IntervalReport": "hpctrain.train.metrics",
@@ -38,7 +38,8 @@ _LAZY = {
 
 if tp.TYPE_CHECKING:  # pragma: no cover
     from hpctrain.train.metrics import IntervalReport, MetricsRecorder, StepTimer
-    from hpctrain.train.trainer import FitResult, StopSignal, Trainer
+    from hpctrain.train.stopping import StopSignal
+    from hpctrain.train.trainer import FitResult, Trainer
 
 
 def __getattr__(name: str) -> tp.Any:

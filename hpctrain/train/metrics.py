@@ -194,6 +194,17 @@ def _spread(values: tp.Sequence[float]) -> tp.Dict[str, tp.Any]:
     }
 
 
+def _plain(value: tp.Any) -> tp.Any:
+    """A tensor or numpy scalar given in ``flush(extra=...)`` (an optimizer may hold its learning rate as a
+    tensor: ``Adam(p, lr=torch.tensor(0.01))``) as a Python number or list: the record is not only written
+    (``dumps_record`` converts too) but shown and handed back (``IntervalReport.record``, ``last``)."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):  # a numpy scalar
+        return value.item()
+    return value
+
+
 class MetricsRecorder:
     """Per-step timing (:attr:`timer`), the loss, and one aggregated JSONL record per interval.
 
@@ -365,7 +376,7 @@ class MetricsRecorder:
             rec["slowest_rank"] = slowest
             rec["data_wait_frac"] = sum(r[2 + _P["data_wait"]] for r in rows) / max(sum(r[1] for r in rows), 1e-12)
         if extra:
-            rec.update(extra)
+            rec.update({key: _plain(value) for key, value in extra.items()})
         return rec
 
     def write(self, record: tp.Mapping[str, tp.Any]) -> None:

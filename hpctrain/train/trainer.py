@@ -3,19 +3,20 @@
 Restore from the newest committed checkpoint (model, optimizer, scheduler, grad scaler, RNG, loader
 position) -> train with gradient accumulation, clipping and AMP -> evaluate -> checkpoint -> close the
 loader and the checkpointer, with every step measured (:mod:`hpctrain.train.metrics`) and each start
-and end recorded in the run's ledger (:mod:`hpctrain.ledger`).
+and end recorded in the run's ledger.
+
+This module holds the build, the restore and the loop. The policies the loop consults live beside it:
+:mod:`hpctrain.train.stopping` (which stop hook is polled where; an in-flight save at a stop),
+:mod:`hpctrain.train.saving` (periodic and final saves), :mod:`hpctrain.train.evaluation` (the eval pass and
+its record), :mod:`hpctrain.train.ledger_records` (the attempt's ``start`` and ``end`` records),
+:mod:`hpctrain.train.ddp_warmup` (the pass that keeps a resumed run bit-exact) and
+:mod:`hpctrain.train.arguments` (what ``Trainer(...)`` refuses, with one line naming the argument).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import itertools
-import json
-import math
-import os
 import random
-import sys
 import time
 import typing as tp
 from dataclasses import dataclass
@@ -25,53 +26,20 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.errors import UsageError
-from hpctrain.ledger import Ledger, process_start_time
-from hpctrain.rundir import RunDir, read_jsonl
+from hpctrain.rundir import RunDir
+from hpctrain.train.arguments import check_arguments
 from hpctrain.train.config import TrainConfig
+from hpctrain.train.ddp_warmup import warm_up_buckets
 from hpctrain.train.display import IntervalDisplay
+from hpctrain.train.evaluation import EvalResult, Evaluator
+from hpctrain.train.ledger_records import AttemptProgress, AttemptRecords
 from hpctrain.train.metrics import MetricsRecorder, count_flops
+from hpctrain.train.saving import Saver
+from hpctrain.train.stopping import Stopping, StopSignal
 
-__all__ = ["Trainer", "FitResult", "StopSignal"]
+__all__ = ["Trainer", "FitResult", "StopSignal"]  # StopSignal: defined in stopping, importable from here too
 
 Batch = tp.Any
-DataFactory = tp.Callable[[int], tp.Iterable[Batch]]
-
-
-class StopSignal:
-    """A local stop request (``Trainer(should_stop=...)`` or your own loop).
-
-    ``request()`` may be called from a signal handler or another thread. A hook like this one is local to
-    its rank, so the Trainer agrees on it in the collective of each log interval (any rank's request stops
-    all of them at the same step, up to ``log_every`` steps later), saves a checkpoint and returns. The
-    Runner's ``ctx.should_stop`` is collective itself and is polled after every step instead.
-    """
-
-    def __init__(self) -> None:
-        self._requested = False
-
-    def request(self) -> None:
-        self._requested = True
-
-    def __call__(self, step: tp.Optional[int] = None) -> bool:
-        return self._requested
-
-
-def _stop_hook(fn: tp.Optional[tp.Callable[..., bool]]) -> tp.Optional[tp.Callable[[int], bool]]:
-    """``fn(step)`` or ``fn()`` as ``hook(step)`` (``StopAgreement.should_stop`` takes the step). A hook
-    marked ``collective`` (``RunContext.should_stop``) agrees across ranks by itself and is polled every
-    step and in evaluation; any other is agreed at log intervals."""
-    if fn is None:
-        return None
-    try:
-        takes_step = any(
-            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
-            for p in inspect.signature(fn).parameters.values()
-        )
-    except (TypeError, ValueError):
-        takes_step = False
-    hook = (lambda step: bool(fn(step))) if takes_step else (lambda step: bool(fn()))
-    hook.collective = bool(getattr(fn, "collective", False))  # type: ignore[attr-defined]
-    return hook
 
 
 @dataclass
@@ -118,6 +86,25 @@ def _seed_everything(seed: int) -> None:
         pass
 
 
+@dataclass
+class _Built:
+    """What one ``fit`` builds, shared by the loop, its saves and the evaluation."""
+
+    model: torch.nn.Module
+    """The DDP wrapper when a process group is up, else :attr:`module`: what the steps run."""
+    module: torch.nn.Module
+    """The bare module: what is saved, restored and evaluated."""
+    optimizer: torch.optim.Optimizer
+    scheduler: tp.Any
+    scaler: tp.Any
+    loader: tp.Any
+    """This rank's H5Loader; None with a data factory."""
+    autocast: tp.Any
+    ckpt: tp.Any = None
+    """The Checkpointer, when checkpointing is on."""
+    ckpt_dir: tp.Optional[Path] = None
+
+
 class Trainer:
     """Train ``model`` on ``data`` as ``config`` says; call :meth:`fit` on every rank.
 
@@ -148,41 +135,82 @@ class Trainer:
         eval_data: tp.Any = None,
         should_stop: tp.Optional[tp.Callable[[], bool]] = None,
     ) -> None:
-        from hpctrain.data import H5DataConfig
-
-        if not isinstance(config, TrainConfig):
-            raise UsageError(f"Trainer(config=...) must be a TrainConfig, got {type(config).__name__}")
-        if not (isinstance(data, H5DataConfig) or callable(data)):
-            raise UsageError("Trainer(data=...) must be an H5DataConfig or a factory (start_step) -> iterable")
-        if config.epochs is not None and not isinstance(data, H5DataConfig):
-            raise UsageError("TrainConfig.epochs needs HDF5 data (an H5DataConfig); give TrainConfig.steps instead")
-        if eval_data is not None and not isinstance(eval_data, H5DataConfig):
-            raise UsageError("Trainer(eval_data=...) must be an H5DataConfig")
         device = torch.device(ctx.device)
-        if config.amp != "off" and device.type != "cuda":
-            raise UsageError(f"TrainConfig.amp={config.amp!r} needs a CUDA device; this rank runs on {device}")
+        check_arguments(
+            config=config,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loss_fn=loss_fn,
+            data=data,
+            eval_data=eval_data,
+            device=device,
+        )
         self.ctx, self.config, self.device = ctx, config, device
         self.model_factory, self.optimizer_factory, self.scheduler_factory = model, optimizer, scheduler
         self.loss_fn, self.data, self.eval_data = loss_fn, data, eval_data
-        ctx_stop = getattr(ctx, "should_stop", None)
-        self.should_stop = _stop_hook(should_stop or (ctx_stop if callable(ctx_stop) else None))
-        self._collective_stop = bool(getattr(self.should_stop, "collective", False))
-        self._last_save_s: tp.Optional[float] = None
-        self._step_s: tp.Optional[float] = None
+        self.stopping = Stopping(ctx, should_stop)
         self.run_dir = Path(ctx.run_dir)
         self.rank, self.world_size = int(ctx.rank), int(ctx.world_size)
         self.display = IntervalDisplay(enabled=config.metrics.display and self.rank == 0)
-        self._eval_loader: tp.Any = None
-        self._eval_round = 0
 
     # ------------------------------------------------------------------------------------ fit
     def fit(self) -> FitResult:
         t_fit = time.perf_counter()
-        cfg, pol = self.config, self.config.checkpoint
+        progress = AttemptProgress()
+        records = AttemptRecords(self.ctx, self.run_dir, rank=self.rank, world_size=self.world_size, config=self.config)
+        built = self._build()
+        evaluator = (
+            Evaluator(
+                self.eval_data,
+                loss_fn=self.loss_fn,
+                limit=self.config.eval_batches,
+                stopping=self.stopping,
+                build_loader=self._build_loader,
+                world_size=self.world_size,
+                device=self.device,
+            )
+            if self.eval_data is not None
+            else None
+        )
+        status, error = "failed", ""
+        try:
+            total = self._total_steps(built.loader)
+            got = self._restore(built)
+            start = got.step if got is not None else 0
+            progress.step, progress.committed_step = start, (start or None)
+            committed_at = got.committed_at if got is not None else None
+            result = self._train(built, start, total, committed_at, progress, records, evaluator)
+            status = "stopped" if result.stopped else "completed"
+            result.seconds = time.perf_counter() - t_fit
+            if got is not None:
+                result.resumed = {"step": got.step, "saved_world_size": got.saved_world_size, "path": str(got.path)}
+            return result
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.display.close()
+            if built.loader is not None:
+                built.loader.close()
+            if evaluator is not None:
+                evaluator.close()
+            if built.ckpt is not None:
+                if status == "failed":
+                    built.ckpt.abandon()  # an in-flight save of a failing run must not block the exit
+                built.ckpt.close()
+            records.end(status=status, progress=progress, error=error)
+
+    def _build(self) -> _Built:
+        """Seed, then build the model (the same weights on every rank), its DDP wrapper, the optimizer,
+        scheduler and (fp16) grad scaler, and this rank's loader."""
+        cfg = self.config
         _seed_everything(cfg.seed)
-        module = self.model_factory().to(self.device)
-        distributed = dist.is_available() and dist.is_initialized()
-        if distributed:
+        module = self.model_factory()
+        if not isinstance(module, torch.nn.Module):
+            raise UsageError(f"Trainer(model=...): the factory returned a {type(module).__name__}, not an nn.Module")
+        module = module.to(self.device)
+        if dist.is_available() and dist.is_initialized():
             from hpctrain.runtime.process_group import wrap_ddp
 
             model: torch.nn.Module = wrap_ddp(module, self.device)
@@ -191,83 +219,67 @@ class Trainer:
         optimizer = self.optimizer_factory(module.parameters())
         scheduler = self.scheduler_factory(optimizer) if self.scheduler_factory else None
         scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16 if cfg.amp == "bf16" else torch.float16)
+            if cfg.amp != "off"
+            else contextlib.nullcontext()
+        )
         loader = self._build_loader(self.data) if not callable(self.data) else None
-        ckpt = None
-        step = 0
-        resumed: tp.Optional[tp.Dict[str, tp.Any]] = None
-        status, error = "failed", ""
-        try:
-            total = cfg.steps if cfg.steps is not None else cfg.epochs * len(loader) // cfg.grad_accum
-            if total < 1:
-                raise UsageError(
-                    f"TrainConfig.epochs={cfg.epochs} gives no optimizer step: {len(loader)} batches per epoch "
-                    f"and grad_accum={cfg.grad_accum}"
-                )
-            if pol.enabled:
-                from hpctrain.ckpt import CheckpointConfig, Checkpointer
-
-                ckpt_dir = Path(pol.dir) if pol.dir is not None else RunDir(self.run_dir).checkpoints
-                ckpt = Checkpointer(
-                    CheckpointConfig(dir=ckpt_dir, keep_last=pol.keep_last), run_id=str(self.ctx.job_id or "")
-                )
-                got = (
-                    ckpt.restore(
-                        model=module, optimizer=optimizer, scheduler=scheduler, scaler=scaler, map_location=self.device
-                    )
-                    if pol.resume
-                    else None
-                )
-                if got is not None:
-                    step = got.step
-                    resumed = {"step": got.step, "saved_world_size": got.saved_world_size, "path": str(got.path)}
-                    if loader is not None:
-                        loader.load_state_dict((got.data_state or {}).get("loader", {}))
-                    self.display.note(
-                        f"hpctrain.train: resumed from step {got.step} (saved by {got.saved_world_size} ranks): "
-                        f"{got.path}"
-                    )
-            else:
-                ckpt_dir = None
-            self._start_step = step
-            result = self._train(model, module, optimizer, scheduler, scaler, loader, ckpt, ckpt_dir, step, total)
-            step = result.step
-            status = "stopped" if result.stopped else "completed"
-            result.resumed, result.seconds = resumed, time.perf_counter() - t_fit
-            return result
-        except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            self.display.close()
-            for closer in (loader, self._eval_loader):
-                if closer is not None:
-                    closer.close()
-            if ckpt is not None:
-                if status == "failed":
-                    ckpt.abandon()  # an in-flight save of a failing run must not block the exit
-                ckpt.close()
-            if self.rank == 0 and getattr(self, "_ledger_started", False):
-                end = {
-                    "event": "end",
-                    "time": time.time(),
-                    "step": getattr(self, "_step", step),
-                    "status": status,
-                    "committed_step": getattr(self, "_committed", None),
-                    "last_save_s": self._last_save_s,
-                    "step_s": self._step_s,
-                }
-                Ledger(self.run_dir).append({**end, **({"error": error[:500]} if error else {})})
+        return _Built(model, module, optimizer, scheduler, scaler, loader, autocast)
 
     def _build_loader(self, data_cfg: tp.Any) -> tp.Any:
         from hpctrain.data import H5Loader
 
         return H5Loader(data_cfg, rank=self.rank, world_size=self.world_size, device=self.device)
 
+    def _total_steps(self, loader: tp.Any) -> int:
+        cfg = self.config
+        if cfg.steps is not None:
+            return cfg.steps
+        total = cfg.epochs * len(loader) // cfg.grad_accum
+        if total < 1:
+            raise UsageError(
+                f"TrainConfig.epochs={cfg.epochs} gives no optimizer step: {len(loader)} batches per epoch "
+                f"and grad_accum={cfg.grad_accum}"
+            )
+        return total
+
+    def _restore(self, b: _Built) -> tp.Any:
+        """Open the checkpointer (when checkpointing is on) and restore the newest committed step into the
+        built objects and the loader; the RestoreResult, or None on a fresh start."""
+        pol = self.config.checkpoint
+        if not pol.enabled:
+            return None
+        from hpctrain.ckpt import Checkpointer
+
+        ck_config = pol.checkpointer_config(RunDir(self.run_dir).checkpoints)  # dir None: the run's default
+        b.ckpt_dir = Path(ck_config.dir)
+        b.ckpt = Checkpointer(ck_config, run_id=str(self.ctx.job_id or ""))
+        if not pol.resume:
+            return None
+        got = b.ckpt.restore(
+            model=b.module, optimizer=b.optimizer, scheduler=b.scheduler, scaler=b.scaler, map_location=self.device
+        )
+        if got is not None:
+            if b.loader is not None:
+                b.loader.load_state_dict((got.data_state or {}).get("loader", {}))
+            self.display.note(
+                f"hpctrain.train: resumed from step {got.step} (saved by {got.saved_world_size} ranks): {got.path}"
+            )
+        return got
+
     # ------------------------------------------------------------------------------- the loop
-    def _train(self, model, module, optimizer, scheduler, scaler, loader, ckpt, ckpt_dir, start, total) -> FitResult:
+    def _train(
+        self,
+        b: _Built,
+        start: int,
+        total: int,
+        committed_at: tp.Optional[float],
+        progress: AttemptProgress,
+        records: AttemptRecords,
+        evaluator: tp.Optional[Evaluator],
+    ) -> FitResult:
         cfg, pol, ctx = self.config, self.config.checkpoint, self.ctx
-        accum = cfg.grad_accum
-        local_batch = loader.local_batch_size if loader is not None else None
         rec = MetricsRecorder(
             rank=self.rank,
             world_size=self.world_size,
@@ -280,194 +292,128 @@ class Trainer:
             peak_flops_per_device=cfg.metrics.peak_flops_per_device,
             static={"job_id": ctx.job_id, "restart_count": ctx.restart_count},
         )
-        rec.attach_ddp(model)
-        timer = rec.timer
-        batches = self._batches(loader, start)
-        autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16 if cfg.amp == "bf16" else torch.float16)
-            if cfg.amp != "off"
-            else contextlib.nullcontext()
-        )
-        can_skip_sync = hasattr(model, "no_sync")
-        count_first = cfg.metrics.enabled and cfg.metrics.flops_per_sample is None
-        last_ckpt: tp.Optional[int] = None
-        last_save_time = time.monotonic()
-        save_requested = stopped = False
-        step, loss, eval_loss = start, None, None
-        collective = self._collective_stop
-        self._committed = start if start else None
-
-        def save(at: int, blocking: bool) -> None:
-            nonlocal last_ckpt, last_save_time
-            assert ckpt is not None
-            data_state = {"loader": loader.state_dict()} if loader is not None else {}
-            t0 = time.perf_counter()
-            ckpt.save(
-                at,
-                model=module,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                scaler=scaler,
-                data_state=data_state,
-                blocking=blocking,
-            )
-            if blocking:
-                self._last_save_s, self._committed = time.perf_counter() - t0, at
-            last_ckpt, last_save_time = at, time.monotonic()
-
-        self._begin_ledger(start, ckpt_dir, total)
-        rec.start_interval(start)
-        # a stop that came during start-up (restore, loader warm-up) is acted on before the first step
-        stopped = collective and self.should_stop is not None and self.should_stop(step)
-        if not stopped and step < total:
-            batches = self._fix_ddp_buckets(model, module, batches, autocast)
-        t_steps = time.perf_counter()
-        while step < total and not stopped:
-            timer.start()
-            loss_sum = None
-            samples = 0
-            for micro in range(accum):
-                batch = next(batches)
-                timer.mark("data_wait")
-                sync = micro == accum - 1 or not can_skip_sync
-                with contextlib.nullcontext() if sync else model.no_sync():
-                    if count_first:
-                        count_first = False
-                        flops = count_flops(lambda b=batch: self._forward_backward(model, b, autocast, scaler, accum))
-                        n = local_batch or _batch_len(batch)
-                        rec.flops_per_sample = flops / max(n, 1)
-                        micro_loss = self._last_loss
-                    else:
-                        micro_loss = self._forward_backward(model, batch, autocast, scaler, accum)
-                timer.mark("forward_backward")
-                loss_sum = micro_loss if loss_sum is None else loss_sum + micro_loss
-                samples += local_batch or _batch_len(batch)
-            if cfg.grad_clip:
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-            timer.mark("optimizer")
-            step += 1
-            self._step = step
-            loss = loss_sum / accum if accum > 1 else loss_sum
-            if collective and self.should_stop(step):  # every step, every rank: all stop at this one
+        try:
+            rec.attach_ddp(b.model)
+            batches = self._batches(b.loader, start)
+            state = {"model": b.module, "optimizer": b.optimizer, "scheduler": b.scheduler, "scaler": b.scaler}
+            saver = Saver(b.ckpt, pol, state=state, loader=b.loader, progress=progress)
+            step, loss, eval_loss = start, None, None
+            records.start(start_step=start, total=total, ckpt_dir=b.ckpt_dir, committed_at=committed_at)
+            rec.start_interval(start)
+            # a stop that came during start-up (restore, loader warm-up) is acted on before the first step
+            stopped = self.stopping.poll(step)
+            if not stopped and step < total:
+                batches = warm_up_buckets(
+                    b.model,
+                    b.module,
+                    batches,
+                    loss_fn=self.loss_fn,
+                    autocast=b.autocast,
+                    device=self.device,
+                    world_size=self.world_size,
+                )
+            t_steps = time.perf_counter()
+            while step < total and not stopped:
+                rec.timer.start()
+                loss, samples = self._step(b, batches, rec, step + 1, total)
+                step = progress.step = step + 1
+                if self.stopping.poll(step):  # every step, every rank: all stop at this one
+                    rec.step_done(loss, samples=samples)
+                    stopped = True
+                    break
+                if saver.periodic(step, total):
+                    rec.timer.mark("checkpoint")
                 rec.step_done(loss, samples=samples)
-                stopped = True
-                break
-            if (
-                ckpt is not None
-                and step < total
-                and ((pol.every_steps and step % pol.every_steps == 0) or save_requested)
-            ):
-                save(step, blocking=not pol.async_save)
-                save_requested = False
-                timer.mark("checkpoint")
-            rec.step_done(loss, samples=samples)
-            if rec.due(step):
-                time_due = bool(pol.every_minutes) and time.monotonic() - last_save_time >= 60 * pol.every_minutes
-                stop_now = self.should_stop is not None and not collective and self.should_stop(step)
-                extra = {"last_checkpoint_step": last_ckpt, "lr": optimizer.param_groups[0].get("lr")}
-                if loader is not None:
-                    extra["epoch"] = loader.epoch
-                report = rec.flush(step, stop=stop_now, save=time_due, extra=extra)
-                self.display.show(report.record)
-                save_requested = save_requested or report.save
-                if report.stop and step < total:
-                    stopped = True
-                    break
-            if self.eval_data is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
-                eval_loss = self._evaluate(module, step, autocast, rec)
-                if collective and self.should_stop(step):  # agreed during the evaluation
-                    stopped = True
-                    break
-        if step > start:
-            self._step_s = (time.perf_counter() - t_steps) / (step - start)
-        if self.eval_data is not None and step > start and not stopped:
-            eval_loss = self._evaluate(module, step, autocast, rec)
-        if stopped and ckpt is not None:
-            self._settle_in_flight(ckpt)
-        if ckpt is not None and step > start and last_ckpt == step:
-            ckpt.wait()  # a time-based save already took this step
-            self._committed = step
-        elif ckpt is not None and step > start:
-            t0 = time.perf_counter()
-            save(step, blocking=True)
-            self.display.note(f"hpctrain.train: checkpoint of step {step} committed in {time.perf_counter() - t0:.2f}s")
-        rec.close()
+                if rec.due(step):
+                    lr = b.optimizer.param_groups[0].get("lr")  # a float, or a tensor: the recorder makes it plain
+                    extra = {"last_checkpoint_step": saver.last_step, "lr": lr}
+                    if b.loader is not None:
+                        extra["epoch"] = b.loader.epoch
+                    # rank 0's clock decides a time-based save, the interval's collective carries it to all
+                    report = rec.flush(step, stop=self.stopping.local(step), save=saver.minutes_passed(), extra=extra)
+                    self.display.show(report.record)
+                    saver.requested = saver.requested or report.save
+                    if report.stop and step < total:
+                        stopped = True
+                        break
+                if evaluator is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
+                    ev = self._evaluate(evaluator, b, step, rec)
+                    eval_loss = ev.loss if ev.loss is not None else eval_loss
+                    if ev.interrupted or self.stopping.poll(step):  # agreed during the evaluation
+                        stopped = True
+                        break
+            if step > start:
+                progress.step_s = (time.perf_counter() - t_steps) / (step - start)
+            if evaluator is not None and step > start and not stopped:
+                ev = self._evaluate(evaluator, b, step, rec)
+                eval_loss = ev.loss if ev.loss is not None else eval_loss
+            saver.finish(step, start=start, stopped=stopped, stopping=self.stopping, note=self.display.note)
+        finally:
+            rec.close()
         final_loss = float(loss.item()) if loss is not None else None
         self.display.note(
             f"hpctrain.train: {'stopped' if stopped else 'done'} at step {step}/{total}"
             + (f", final loss {final_loss:.4f}" if final_loss is not None else "")
         )
-        return FitResult(step, start, None, total, final_loss, eval_loss, stopped, 0.0, module)
+        return FitResult(step, start, None, total, final_loss, eval_loss, stopped, 0.0, b.module)
 
-    def _settle_in_flight(self, ckpt: tp.Any) -> None:
-        """At an agreed stop: finish the in-flight async save when there is time for it and the stop save,
-        else abandon it (uncommitted) so the stop save gets the disk. Every rank decides the same (any rank
-        short of time decides for all), because ``abandon`` is collective."""
-        left = self.ctx.stop_time_left() if callable(getattr(self.ctx, "stop_time_left", None)) else None
-        need = 2 * (self._last_save_s or 0.0) + (self._step_s or 0.0)
-        short = int(left is not None and left < need + 5.0)
-        stop = getattr(self.ctx, "stop", None)
-        if stop is not None and hasattr(stop, "reduce"):
-            short = stop.reduce([short], "max")[0]
-        if short:
-            dropped = ckpt.abandon()
-            self.display.note(
-                f"hpctrain.train: {'abandoned' if dropped else 'finished'} the in-flight save "
-                f"({left if left is not None else float('nan'):.0f}s left, a save takes {need:.1f}s)"
-            )
+    def _step(
+        self, b: _Built, batches: tp.Iterator[Batch], rec: MetricsRecorder, step: int, total: int
+    ) -> tp.Tuple[torch.Tensor, int]:
+        """One optimizer step (``step``, counted from 1): ``grad_accum`` micro-batches, DDP's gradient sync on
+        the last only, then clipping, the optimizer and the scheduler. Returns (loss, samples on this rank)."""
+        cfg, timer, accum = self.config, rec.timer, self.config.grad_accum
+        loss_sum: tp.Optional[torch.Tensor] = None
+        samples = 0
+        for micro in range(accum):
+            batch = self._next_batch(batches, step, total)
+            timer.mark("data_wait")
+            sync = micro == accum - 1 or not hasattr(b.model, "no_sync")
+            with contextlib.nullcontext() if sync else b.model.no_sync():
+                if cfg.metrics.enabled and rec.flops_per_sample is None:  # counted once, on the first micro-batch
+                    out: tp.List[torch.Tensor] = []
+                    flops = count_flops(lambda out=out, batch=batch: out.append(self._forward_backward(b, batch)))
+                    n = b.loader.local_batch_size if b.loader is not None else _batch_len(batch)
+                    rec.flops_per_sample = flops / max(n, 1)
+                    micro_loss = out[0]
+                else:
+                    micro_loss = self._forward_backward(b, batch)
+            timer.mark("forward_backward")
+            loss_sum = micro_loss if loss_sum is None else loss_sum + micro_loss
+            samples += b.loader.local_batch_size if b.loader is not None else _batch_len(batch)
+        if cfg.grad_clip:
+            if b.scaler is not None:
+                b.scaler.unscale_(b.optimizer)
+            torch.nn.utils.clip_grad_norm_(b.module.parameters(), cfg.grad_clip)
+        if b.scaler is not None:
+            b.scaler.step(b.optimizer)
+            b.scaler.update()
         else:
-            ckpt.wait()
+            b.optimizer.step()
+        b.optimizer.zero_grad(set_to_none=True)
+        if b.scheduler is not None:
+            b.scheduler.step()
+        timer.mark("optimizer")
+        assert loss_sum is not None
+        return (loss_sum / accum if accum > 1 else loss_sum), samples
 
-    def _fix_ddp_buckets(self, model, module, batches: tp.Iterator[Batch], autocast: tp.Any) -> tp.Iterator[Batch]:
-        """One zero-loss forward/backward before the first step of every attempt, so that resuming is bit-exact.
-
-        DDP reduces gradients in buckets laid out in reverse parameter order for its first backward, then
-        rebuilds them once in the order gradients became ready. An element's place in a bucket decides the
-        order in which the ranks' values are added (ring all-reduce), so with 3 or more ranks the first step
-        after a restart, on the initial layout, differs in the last bits from the same step of an
-        uninterrupted run, on the rebuilt one. This pass lets DDP record the ready order (the grads are
-        zeros and are dropped; eval mode and a forked RNG leave BatchNorm statistics, dropout and the random
-        streams as they were), so every real step of every attempt runs on the rebuilt layout. ``loss_fn``
-        sees this call with ``model.training`` False.
-        """
-        if not hasattr(model, "no_sync") or self.world_size < 3:
-            return batches  # no DDP, or two ranks: a + b == b + a, the layout cannot change a sum
-        first = next(batches, None)
-        if first is None:
-            return iter(())
-        was_training = model.training
-        model.eval()
-        devices = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else []
-        with torch.random.fork_rng(devices=devices):
-            with autocast:
-                loss = self.loss_fn(model, first)
-            (loss.float() * 0.0).backward()
-        model.train(was_training)
-        for p in module.parameters():
-            p.grad = None
-        return itertools.chain([first], batches)
-
-    def _forward_backward(self, model, batch, autocast, scaler, accum) -> torch.Tensor:
-        with autocast:
-            loss = self.loss_fn(model, batch)
+    def _forward_backward(self, b: _Built, batch: Batch) -> torch.Tensor:
+        accum = self.config.grad_accum
+        with b.autocast:
+            loss = self.loss_fn(b.model, batch)
         scaled = loss / accum if accum > 1 else loss
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        self._last_loss = loss.detach()
-        return self._last_loss
+        (b.scaler.scale(scaled) if b.scaler is not None else scaled).backward()
+        return loss.detach()
 
     def _batches(self, loader: tp.Any, start: int) -> tp.Iterator[Batch]:
         if loader is None:
-            return iter(self.data(start))
+            got = self.data(start)
+            try:
+                return iter(got)
+            except TypeError:
+                raise UsageError(
+                    f"Trainer(data=...): the data factory returned a {type(got).__name__}, not an iterable of batches"
+                ) from None
 
         def epochs() -> tp.Iterator[Batch]:
             while True:  # the loader starts the next epoch by itself
@@ -475,109 +421,17 @@ class Trainer:
 
         return epochs()
 
-    # ----------------------------------------------------------------------------- evaluation
-    def _evaluate(self, module: torch.nn.Module, step: int, autocast: tp.Any, rec: MetricsRecorder) -> float:
-        if self._eval_loader is None:
-            self._eval_loader = self._build_loader(self.eval_data)
-        loader, limit = self._eval_loader, self.config.eval_batches
-        self._eval_round += 1
-        loader.set_epoch(self._eval_round)  # a fresh pass each time (shuffle=False: the same samples)
-        t0 = time.perf_counter()
-        total = torch.zeros(2, dtype=torch.float64)
-        # The stop poll is collective: poll only at batches every rank reaches (ranks may hold different
-        # numbers of eval batches), agreed once per evaluation.
-        polls = 0
-        if self._collective_stop and self.should_stop is not None:
-            stop = getattr(self.ctx, "stop", None)
-            n = min(len(loader), limit) if limit else len(loader)
-            polls = stop.reduce([n], "min")[0] if stop is not None and hasattr(stop, "reduce") else n
-        module.eval()
+    def _next_batch(self, batches: tp.Iterator[Batch], step: int, total: int) -> Batch:
         try:
-            with torch.no_grad():
-                for i, batch in enumerate(loader):
-                    if limit and i >= limit:
-                        break
-                    if i < polls and self.should_stop(step):
-                        break
-                    with autocast:
-                        loss = self.loss_fn(module, batch)
-                    total += torch.tensor([float(loss), 1.0], dtype=torch.float64)
-        finally:
-            module.train()
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
-            moved = total.to(self.device if dist.get_backend() == "nccl" else "cpu")
-            dist.all_reduce(moved)
-            total = moved.cpu()
-        mean = float(total[0] / max(total[1].item(), 1.0))
-        seconds, batches = time.perf_counter() - t0, int(total[1]) // self.world_size
-        rec.write({"kind": "eval", "step": step, "loss": mean, "batches": batches, "seconds": seconds})
-        self.display.note(
-            f"hpctrain.train: eval at step {step}: loss {mean:.4f} ({batches} batches a rank, {seconds:.1f}s)"
-        )
-        return mean
+            return next(batches)
+        except StopIteration:  # only a factory's iterator ends (HDF5 data goes on to the next epoch)
+            raise UsageError(
+                f"Trainer(data=...): the data factory's iterator ended at step {step} of {total}; it must yield "
+                f"{self.config.grad_accum} batch(es) a step up to the last step (or forever), or use H5DataConfig"
+            ) from None
 
-    # --------------------------------------------------------------------------------- ledger
-    def _begin_ledger(self, start: int, ckpt_dir: tp.Optional[Path], total: int) -> None:
-        """Rank 0 records this start: who, where, from which step, what the restart cost."""
-        self._step = start
-        if self.rank != 0:
-            return
-        ctx, now = self.ctx, time.time()
-        previous, _ = read_jsonl(RunDir(self.run_dir).metrics, tail_bytes=1 << 20)
-        last_seen = max((r["time"] for r in previous if isinstance(r.get("time"), (int, float))), default=None)
-        committed_at = self._manifest_time(ckpt_dir, start) if start else None
-        after, warning = self._previous_attempt(getattr(ctx, "signal_lead_s", 0.0) or 0.0)
-        record: tp.Dict[str, tp.Any] = {
-            "event": "start",
-            "time": now,
-            "job_id": ctx.job_id,
-            "restart_count": ctx.restart_count,
-            "hosts": list(ctx.hostnames or [ctx.hostname]),
-            "world_size": self.world_size,
-            "launcher": getattr(ctx, "launcher", None),
-            "pid": os.getpid(),
-            "hostname": ctx.hostname,
-            "resumed_from_step": start,
-            "total_steps": total,
-            "checkpoint_dir": str(ckpt_dir) if ckpt_dir is not None else None,
-            # start-up: interpreter, imports, rendezvous, model build and restore, until the first step
-            "startup_s": now - process_start_time(),
-            # progress made after the restored checkpoint was committed and seen in the last interval
-            # record of an earlier start: redone now (a lower bound: steps after that record are unseen)
-            "lost_s": max(0.0, last_seen - committed_at) if last_seen and committed_at else (0.0 if start else None),
-            "down_s": now - last_seen if last_seen else None,
-            # why the previous attempt ended (its Runner's exit record), when this is a restart
-            "after": after,
-            "signal_lead_s": getattr(ctx, "signal_lead_s", None),
-            "warning": warning,
-            "config": self.config.to_dict(),
-        }
-        Ledger(self.run_dir).append(record)
-        self._ledger_started = True
-
-    def _previous_attempt(self, lead_s: float) -> tp.Tuple[tp.Optional[str], tp.Optional[str]]:
-        """The previous attempt's end cause, and a warning when the signal lead is shorter than its last
-        measured save plus one step (the stop save would not be committed before the kill)."""
-        restarts = int(getattr(self.ctx, "restart_count", 0) or 0)
-        after, save_s, step_s = Ledger(self.run_dir).previous_attempt(restarts)
-        warning = None
-        if save_s is not None and step_s is not None and lead_s:
-            if lead_s < save_s + step_s:
-                warning = (
-                    f"the signal lead ({lead_s:.0f}s) is shorter than the last save ({save_s:.1f}s) plus one step "
-                    f"({step_s:.1f}s): a stop save may not commit before the kill; raise --signal-lead"
-                )
-                print(f"hpctrain.train: warning: {warning}", file=sys.stderr, flush=True)
-        return after, warning
-
-    @staticmethod
-    def _manifest_time(ckpt_dir: tp.Optional[Path], step: int) -> tp.Optional[float]:
-        """When the checkpoint of ``step`` was saved (its MANIFEST.json ``time``)."""
-        if ckpt_dir is None:
-            return None
-        try:
-            manifest = json.loads((ckpt_dir / f"step-{step:09d}" / "MANIFEST.json").read_text())
-            value = manifest.get("time")
-            return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-        except (OSError, ValueError):
-            return None
+    def _evaluate(self, evaluator: Evaluator, b: _Built, step: int, rec: MetricsRecorder) -> EvalResult:
+        result = evaluator.run(b.module, step, b.autocast)
+        rec.write(Evaluator.record(step, result))
+        self.display.note(Evaluator.line(step, result))
+        return result

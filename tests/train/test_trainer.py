@@ -149,6 +149,7 @@ def test_epochs_with_accumulation_and_evaluation_on_hdf5(tmp_path):
     intervals, evals = _intervals(run)
     assert all(r["samples"] == r["steps"] * 2 * BATCH for r in intervals)  # two micro-batches a step
     assert [e["step"] for e in evals] == [2, 4, per_epoch] and all(e["batches"] == 2 for e in evals)
+    assert not any(e["interrupted"] for e in evals)  # only a stop during an evaluation marks it
     assert results[0]["eval_loss"] == pytest.approx(evals[-1]["loss"]) and math.isfinite(evals[-1]["loss"])
     assert intervals[-1]["epoch"] == 1
 
