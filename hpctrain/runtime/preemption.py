@@ -141,8 +141,9 @@ class StopAgreement:
 
     def reduce(self, values: tp.Sequence[int], op: str = "max") -> tp.List[int]:
         """All-reduce a few ints (``max`` or ``min``) on the agreement's gloo group; local without one.
-        Every rank must call it at the same point (the Trainer uses it to agree on eval polls and on
-        whether to abandon an in-flight save)."""
+        Every rank must call it at the same point. Entries reach it as ``ctx.agree(value, op)``
+        (:meth:`hpctrain.launch.context.RunContext.agree`); the Trainer agrees on eval polls and on
+        whether to abandon an in-flight save through it."""
         if self._group is None:
             return [int(v) for v in values]
         import torch

@@ -332,8 +332,9 @@ class MetricsRecorder:
         dev = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         t = torch.tensor(mine, dtype=torch.float64, device=dev)
         out = torch.empty(self.world_size * _N, dtype=torch.float64, device=dev)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-        gather(out, t)
+        from hpctrain.runtime.process_group import all_gather_into_tensor
+
+        all_gather_into_tensor()(out, t)
         flat = out.tolist()
         return [flat[r * _N : (r + 1) * _N] for r in range(self.world_size)]
 
