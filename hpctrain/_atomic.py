@@ -8,11 +8,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import typing as tp
 from pathlib import Path
 
-__all__ = ["fsync_dir", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "fsync_file"]
+__all__ = [
+    "fsync_dir",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "fsync_file",
+    "TMP_NAME",
+    "tmp_path",
+]
+
+TMP_NAME = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]+$")
+"""The temporary files of :func:`atomic_write_bytes` (``.NAME.tmp-<pid>-<hex>``): what a killed writer
+leaves behind and the checkpoint clean-up removes once stale."""
+
+
+def tmp_path(path: Path) -> Path:
+    """A fresh temporary name beside ``path``, matching :data:`TMP_NAME`."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
 
 
 def fsync_dir(path: tp.Union[str, os.PathLike]) -> None:
@@ -43,7 +61,7 @@ def atomic_write_bytes(path: tp.Union[str, os.PathLike], data: bytes, mode: int 
     clean-up removes such files once stale.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
+    tmp = tmp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         view = memoryview(data)

@@ -28,6 +28,7 @@ import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain._atomic import TMP_NAME
 from hpctrain._procs import pid_alive
 from hpctrain.ckpt._format import CheckpointFormatError, parse_name, step_name
 from hpctrain.ckpt._reader import open_regular, read_manifest
@@ -54,7 +55,7 @@ OWNER_PREFIX = ".owner-r"
 """``.owner-r<rank>.json`` in a save's temporary directory: who is writing it."""
 _MAX_OWNER_BYTES = 4096
 _TMP_TAG = re.compile(r"^j(?P<job>[A-Za-z0-9_]+)-r(?P<restart>\d+)-")
-_WRITE_TMP = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]+$")  # hpctrain._atomic's temporary names
+_WRITE_TMP = TMP_NAME  # hpctrain._atomic owns its temporary names
 
 
 @dataclass
