@@ -1,13 +1,24 @@
-"""The rich view of a status report (:func:`hpctrain.status.cli.collect`)."""
+"""The rich view of a status report (:func:`hpctrain.status.report.collect`).
+
+The report's values have their schema's types (or None, shown as ``?``), but recorded text is whatever the
+run directory held: every string taken from a record is cut, its control characters shown as escapes (no
+terminal sequences reach the screen) and its rich markup escaped before it is printed; table cells are
+plain :class:`rich.text.Text`, never parsed as markup.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 import typing as tp
 
+from hpctrain._files import shorten
 from hpctrain.train.display import fmt_duration, fmt_rate
 
-__all__ = ["render"]
+__all__ = ["render", "LEDGER_ROWS"]
+
+LEDGER_ROWS = 100
+"""Ledger records shown as table rows (the newest); ``--json`` holds them all."""
 
 _PARTS = (
     ("data_wait_s", "data wait"),
@@ -16,6 +27,30 @@ _PARTS = (
     ("optimizer_s", "optimizer"),
     ("checkpoint_s", "checkpoint"),
 )
+# C0 and C1 controls, DEL, line/paragraph separators and the bidirectional overrides
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _plain(value: tp.Any, keep: int = 200) -> str:
+    """Recorded text for the screen: ``?`` for None, cut to ``keep`` characters, controls as ``\\xNN``."""
+    if value is None:
+        return "?"
+    text = shorten(value if isinstance(value, str) else str(value), keep)
+    return _CONTROL.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text
+    )
+
+
+def _t(value: tp.Any, keep: int = 200) -> str:
+    """Recorded text for a markup string: :func:`_plain`, then rich's markup escaped."""
+    from rich.markup import escape
+
+    return escape(_plain(value, keep))
+
+
+def _n(value: tp.Any, spec: str = "") -> str:
+    """A number of the report (already validated) formatted with ``spec``; ``?`` when unknown."""
+    return "?" if value is None else format(value, spec)
 
 
 def _ms(seconds: tp.Optional[float]) -> str:
@@ -26,53 +61,70 @@ def _ago(t: tp.Any) -> str:
     return f"{fmt_duration(time.time() - t)} ago" if isinstance(t, (int, float)) else "?"
 
 
+def _when(t: tp.Any) -> str:
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return "?"
+    try:
+        return time.strftime("%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "?"
+
+
 def _job_line(job: tp.Mapping[str, tp.Any]) -> str:
-    where = f"job {job.get('id') or '?'} ({job.get('cluster')}): [bold]{job.get('state')}[/]"
+    where = f"job {_t(job.get('id') or '?')} ({_t(job.get('cluster'))}): [bold]{_t(job.get('state'))}[/]"
     if job.get("nodes"):
-        where += f" on {job['nodes']}"
+        where += f" on {_t(job['nodes'])}"
     if job.get("elapsed"):
-        where += f", {job['elapsed']}"
+        where += f", {_t(job['elapsed'])}"
     if job.get("reason"):
-        where += f" ({job['reason']})"
-    return where + f"  [dim]· from {job.get('source') or '?'}[/]"
+        where += f" ({_t(job['reason'])})"
+    return where + f"  [dim]· from {_t(job.get('source') or '?')}[/]"
 
 
 def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    console = console or Console(highlight=False)
-    out = console.print
-    out(f"[bold]run[/]        {escape(report['run_dir'])}")
+    console = console or Console(highlight=False, emoji=False)
+
+    def out(line: str) -> None:
+        console.print(line, highlight=False, emoji=False)
+
+    out(f"[bold]run[/]        {_t(report['run_dir'], 400)}")
     out(f"[bold]job[/]        {_job_line(report['job'])}")
-    out(
-        f"[bold]starts[/]     {report['starts']} ({report['restarts']} restart{'s' if report['restarts'] != 1 else ''})"
-    )
+    restarts = report["restarts"]
+    out(f"[bold]starts[/]     {report['starts']} ({restarts} restart{'s' if restarts != 1 else ''})")
     prog, last = report["progress"], report.get("last_interval")
-    if prog["step"] is not None:
-        line = f"step {prog['step']}/{prog['total_steps'] or '?'}"
+    if prog.get("step") is None and not last and not prog.get("ended"):
+        out("[bold]progress[/]   no step recorded yet")
+    else:
+        line = f"step {_n(prog.get('step'))}/{prog.get('total_steps') or '?'}"
         if prog.get("fraction") is not None:
             line += f" ({100 * prog['fraction']:.0f}%)"
         if prog.get("ended"):
-            line += f" · ended: {prog['ended']}"
+            line += f" · ended: {_t(prog['ended'])}"
         elif prog.get("eta_s") is not None:
             line += f" · ETA {fmt_duration(prog['eta_s'])}"
         if last:
-            line += f" · loss {last['loss']:.4f} (interval to step {last['step']}, {_ago(last.get('time'))})"
+            line += (
+                f" · loss {_n(last.get('loss'), '.4f')} (interval to step {_n(last.get('step'))},"
+                f" {_ago(last.get('time'))})"
+            )
         out(f"[bold]progress[/]   {line}")
-    else:
-        out("[bold]progress[/]   no step recorded yet")
     ev = report.get("last_eval")
     if ev:
-        out(f"[bold]eval[/]       loss {ev['loss']:.4f} at step {ev['step']} ({ev.get('batches')} batches)")
+        out(
+            f"[bold]eval[/]       loss {_n(ev.get('loss'), '.4f')} at step {_n(ev.get('step'))}"
+            f" ({_n(ev.get('batches'))} batches{', cut short by a stop' if ev.get('interrupted') else ''})"
+        )
     if last:
         per_rank = last.get("samples_per_s_per_rank") or {}
-        line = f"{fmt_rate(last.get('samples_per_s'))} samples/s on {last.get('world_size')} ranks"
+        line = f"{fmt_rate(last.get('samples_per_s'))} samples/s on {_n(last.get('world_size'))} ranks"
         if per_rank:
             line += (
-                f" (per rank min/median/max {fmt_rate(per_rank['min'])}/{fmt_rate(per_rank['median'])}"
-                f"/{fmt_rate(per_rank['max'])})"
+                f" (per rank min/median/max {fmt_rate(per_rank.get('min'))}/{fmt_rate(per_rank.get('median'))}"
+                f"/{fmt_rate(per_rank.get('max'))})"
             )
         if last.get("data_wait_frac") is not None:
             line += f" · data wait {100 * last['data_wait_frac']:.1f}%"
@@ -87,48 +139,57 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
                 table.add_column(col, justify="left" if col == "part" else "right")
             for key, label in (("step_s", "whole step"), *_PARTS):
                 s = per_step.get(key)
-                if s:
-                    table.add_row(label, _ms(s["min"]), _ms(s["median"]), _ms(s["max"]), str(s["max_rank"]))
+                if isinstance(s, dict):
+                    table.add_row(
+                        label, _ms(s.get("min")), _ms(s.get("median")), _ms(s.get("max")), _n(s.get("max_rank"))
+                    )
             console.print(table)
-            out(f"[bold]slowest[/]    rank {last.get('slowest_rank')}")
+            out(f"[bold]slowest[/]    rank {_n(last.get('slowest_rank'))}")
         else:
             out("[bold]breakdown[/]  not measured (metrics disabled)")
     ck = report.get("checkpoint")
     if ck is None:
         out("[bold]checkpoint[/] none configured")
     elif ck.get("step") is None:
-        out(f"[bold]checkpoint[/] none committed yet in {escape(ck['dir'])}")
+        out(f"[bold]checkpoint[/] none committed yet in {_t(ck.get('dir'), 400)}")
     else:
         out(
-            f"[bold]checkpoint[/] step {ck['step']} committed {_ago(ck.get('time'))} by {ck.get('world_size')} ranks"
-            f" · {escape(ck['dir'])}"
+            f"[bold]checkpoint[/] step {ck['step']} committed {_ago(ck.get('time'))} by {_n(ck.get('world_size'))}"
+            f" ranks · {_t(ck.get('dir'), 400)}"
         )
     ex = report.get("last_exit")
     if ex:
         at = f" at step {ex['agreed_step']}" if ex.get("agreed_step") is not None else ""
         colour = "green" if ex.get("requeued") or ex.get("cause") == "finished" else "yellow"
         out(
-            f"[bold]last exit[/]  attempt {ex.get('restart_count')}: {escape(str(ex.get('cause')))}{at} · "
-            f"[{colour}]{escape(str(ex.get('reason')))}[/]"
+            f"[bold]last exit[/]  attempt {_n(ex.get('restart_count'))}: {_t(ex.get('cause'))}{at} · "
+            f"[{colour}]{_t(ex.get('reason'), 400)}[/]"
         )
-    if report["ledger"]:
+    ledger = report["ledger"]
+    if ledger:
         table = Table(title="ledger", title_justify="left")
         for col in ("event", "when", "job", "restart", "hosts", "from step", "lost", "down", "startup", "status"):
             table.add_column(col)
-        for r in report["ledger"]:
+        for r in ledger[-LEDGER_ROWS:]:
             hosts = r.get("hosts") or []
-            table.add_row(
-                str(r.get("event")),
-                time.strftime("%m-%d %H:%M:%S", time.localtime(r["time"])) if isinstance(r.get("time"), float) else "?",
-                str(r.get("job_id") or ""),
-                str(r.get("restart_count", "")),
-                escape(",".join(hosts[:3]) + (f" +{len(hosts) - 3}" if len(hosts) > 3 else "")),
-                str(r.get("resumed_from_step", r.get("step", ""))),
+            from_step = r.get("resumed_from_step")
+            from_step = r.get("step") if from_step is None else from_step
+            status = r.get("status") if r.get("status") is not None else r.get("cause")
+            cells = (
+                _plain(r.get("event"), 40),
+                _when(r.get("time")),
+                "" if r.get("job_id") is None else _plain(r["job_id"], 40),
+                "" if r.get("restart_count") is None else str(r["restart_count"]),
+                _plain(",".join(hosts[:3]) + (f" +{len(hosts) - 3}" if len(hosts) > 3 else ""), 120),
+                "" if from_step is None else str(from_step),
                 fmt_duration(r["lost_s"]) if r.get("lost_s") is not None else "",
                 fmt_duration(r["down_s"]) if r.get("down_s") is not None else "",
                 f"{r['startup_s']:.1f}s" if r.get("startup_s") is not None else "",
-                str(r.get("status", r.get("cause", ""))),
+                "" if status is None else _plain(status, 60),
             )
+            table.add_row(*(Text(c) for c in cells))
         console.print(table)
+        if len(ledger) > LEDGER_ROWS:
+            out(f"[dim]ledger: the {len(ledger) - LEDGER_ROWS} earlier records are not shown (--json has all)[/]")
     for p in report["problems"]:
-        out(f"[yellow]warning[/]    {escape(p)}")
+        out(f"[yellow]warning[/]    {_t(p, 1000)}")

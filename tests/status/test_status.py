@@ -56,6 +56,14 @@ def _interval(step, total=100, loss=1.0, world=2):
     }
 
 
+def manifest(step, *, world=2, saved=None):
+    """A committed checkpoint's MANIFEST.json as the checkpoint package validates it (docs/checkpoint.md);
+    status asks hpctrain.ckpt.latest_committed, which reads nothing else of the step."""
+    shards = [{"file": f"rank-{r:05d}-of-{world:05d}.shard", "bytes": 0, "crc32": 0} for r in range(world)]
+    m = {"format": "hpctrain-ckpt", "format_version": 1, "step": step, "world_size": world, "shards": shards}
+    return {**m, "time": time.time() if saved is None else saved}
+
+
 def _run_dir(tmp_path, *, steps=(10, 20), end=None, pid=None, submission=None, ckpt_steps=(10,)):
     run = tmp_path / "run"
     run.mkdir()
@@ -63,7 +71,7 @@ def _run_dir(tmp_path, *, steps=(10, 20), end=None, pid=None, submission=None, c
     for s in ckpt_steps:
         d = ck / f"step-{s:09d}"
         d.mkdir(parents=True)
-        (d / "MANIFEST.json").write_text(json.dumps({"step": s, "world_size": 2, "time": time.time() - 5}))
+        (d / "MANIFEST.json").write_text(json.dumps(manifest(s, world=2, saved=time.time() - 5)))
     (ck / "step-000000099.tmp-j1-r0-abc-3").mkdir(parents=True)  # in progress: not committed
     if submission is not None:
         (run / "submission.json").write_text(json.dumps(submission))
