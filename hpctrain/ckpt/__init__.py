@@ -41,9 +41,12 @@ def latest_committed(dir: tp.Union[str, os.PathLike]) -> tp.Optional[Committed]:
 
     from hpctrain.ckpt._scan import scan
 
-    if not Path(dir).is_dir():
+    try:
+        if not Path(dir).is_dir():
+            return None
+        committed = [e for e in scan(dir) if e.status == "committed"]
+    except (OSError, ValueError):  # unreadable, a name too long, a loop: no checkpoint this caller can use
         return None
-    committed = [e for e in scan(dir) if e.status == "committed"]
     if not committed:
         return None
     newest = committed[-1]

@@ -217,6 +217,7 @@ MANIFESTS = {
     "shards not records": lambda m: m.update(shards=[1]),
     "file outside the dir": lambda m: m["shards"][0].update(file="../step-000000001/rank-00000-of-00001.shard"),
     "time a string": lambda m: m.update(time="yesterday"),
+    "time a 400-digit int": lambda m: m.update(time=10**400),
     "step a float": lambda m: m.update(step=2.0),
     "deep nesting": lambda m: m.update(data_state=damage.nested(300)),
     "deeper than the parser": lambda m: "[" * 100_000 + "]" * 100_000,
