@@ -12,15 +12,16 @@ exp_avg_sq per parameter + a step scalar). Every timing is wall time between two
 Measured (all in the same run):
 * ceiling: raw ``write``+``fsync`` of the same bytes split over the same ranks, into new files per save
   with the same retention as the checkpoints (the newest 3 kept); raw cold reads of the checkpoint's
-  files: each rank reads 1/world of the files' bytes and one ``all_gather`` of those raw bytes on the
-  same gloo group gives every rank the rest (``raw_read_once_s``: the least a read-once restore must do,
-  the ceiling of ``restore_vs_raw``), each rank its own shard without the exchange (``raw_read_own_s``,
-  ``restore_vs_raw_own_read``), and every rank all of them (``raw_read_s``: what a read-all restore
-  must read, ``restore_read_all_vs_raw_all``);
+  files: each rank reads 1/world of the files' bytes and one ``all_gather`` of those raw bytes on a
+  gloo group of the same ranks (as the checkpointer's exchange) gives every rank the rest
+  (``raw_read_once_s``: the least a read-once restore must do, the ceiling of ``restore_vs_raw``), each
+  rank its own shard without the exchange (``raw_read_own_s``, ``restore_vs_raw_own_read``), and every
+  rank all of them (``raw_read_s``: what a read-all restore must read, ``restore_read_all_vs_raw_all``);
 * hpctrain: sync save, async save (blocking time; time until committed; second save = reused buffers),
   restore in both modes (cold page cache: the files are evicted with ``posix_fadvise(DONTNEED)`` after
-  fsync), and the bytes each restore read from the files (``restore_read_amplification`` = bytes read by
-  all ranks / checkpoint size; DCP's from ``/proc/self/io`` ``rchar``);
+  fsync), and the bytes each restore read from the files (``hpctrain.ckpt.meters()["bytes_read"]``;
+  ``restore_read_amplification`` = bytes read by all ranks / checkpoint size; DCP's from ``/proc/self/io``
+  ``rchar``);
 * floor for async staging: one in-memory copy of the whole state (preallocated ``copy_``);
 * peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full
   state on rank 0 + fsync, into a new file per save, the newest 3 kept.
@@ -29,6 +30,7 @@ Each figure is the best of ``--repeat`` rounds (3 by default: the machine may be
 timed phase starts after ``sync`` and a short pause, so that no phase pays for the previous one's
 write-back (measured order effects were up to 3x on a VM disk).
 Prints one JSON object; ratios > 1 mean hpctrain is faster, except ``async_block_vs_*`` (lower is better).
+Like any user, it reaches hpctrain through public names only (the meters and ``replicated_share``).
 """
 
 from __future__ import annotations
@@ -126,9 +128,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from hpctrain.ckpt import CheckpointConfig, Checkpointer
-    from hpctrain.ckpt._reader import bytes_read
-    from hpctrain.ckpt._state import flatten, split_replicated
+    from hpctrain.ckpt import CheckpointConfig, Checkpointer, meters, replicated_share
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
@@ -159,10 +159,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     def keep_min(name: str, value: float) -> None:
         res[name] = min(res.get(name, float("inf")), value)
 
-    # -- ceiling: raw write + fsync of this rank's 1/world of the bytes
-    tensors: tp.Dict[str, torch.Tensor] = {}
-    flatten(state, "s", tensors)
-    mine = split_replicated(tensors, rank, world)
+    # -- ceiling: raw write + fsync of this rank's 1/world of the bytes (the share its shard file holds)
+    mine = replicated_share(state, rank, world)
     raw_dir = work / "raw"
 
     raw_saves = [0]
@@ -178,8 +176,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         d.mkdir(parents=True, exist_ok=True)
         fd = os.open(d / f"rank{rank}.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         pending = bytearray()
-        for p in mine:
-            view = memoryview(p.tensor.reshape(-1)[p.start : p.stop].view(torch.uint8).numpy())
+        for t in mine:
+            view = memoryview(t.view(torch.uint8).numpy())
             if view.nbytes < (256 << 10):
                 pending += view
                 continue
@@ -236,7 +234,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         def raw_read_once() -> None:
             """What a read-once restore must do at least: this rank reads 1/world of the files' bytes (the files
             as one byte stream cut into equal parts: about its own shard) with plain reads, and one all_gather
-            of those raw bytes on the read-once checkpointer's gloo group gives every rank all of them."""
+            of those raw bytes on a dedicated gloo group (as the checkpointer's own) gives every rank all of them."""
             sizes = [f.stat().st_size for f in files]
             chunk = -(-sum(sizes) // world)
             buf = torch.empty(chunk * world, dtype=torch.uint8)
@@ -255,7 +253,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             from hpctrain.runtime.process_group import all_gather_into_tensor
 
             gather = all_gather_into_tensor()
-            gather(buf, buf[rank * chunk : (rank + 1) * chunk], group=cks["read_once"]._comm.group)
+            gather(buf, buf[rank * chunk : (rank + 1) * chunk], group=gloo)
 
         timed("raw_read_s", lambda: raw_read(files), before=lambda: evict(ck_dir))
         timed("raw_read_own_s", lambda: raw_read(files[rank :: len(files)]), before=lambda: evict(ck_dir))
@@ -265,11 +263,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             optim2: tp.Dict[str, tp.Any] = {"state": {}, "param_groups": []}
             mh2, oh2 = Holder(model2, True), Holder(optim2, False)
             rck = cks[mode]
-            before = bytes_read()
+            before = meters()["bytes_read"]
             r = timed(name, lambda c=rck, m=mh2, o=oh2: c.restore(model=m, optimizer=o), before=lambda: evict(ck_dir))
             assert r is not None and r.step == base + 3
             assert all(torch.equal(model[k], model2[k]) for k in model)
-            res[f"{name[:-2]}_bytes"] = sum(_gather(bytes_read() - before, world))
+            res[f"{name[:-2]}_bytes"] = sum(_gather(meters()["bytes_read"] - before, world))
 
         # -- peers
         timed("dcp_save_s", lambda: dcp.save(state, checkpoint_id=str(dcp_dir / f"sync{rep}")))
@@ -318,6 +316,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     cks = {
         m: Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode=m)) for m in ("read_once", "read_all")
     }
+    # the read-once ceiling's exchange: a dedicated gloo group of the same ranks, as each Checkpointer creates
+    # for its own exchange (dist.new_group(backend="gloo")), used once here as the checkpointer uses its own
+    gloo = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=600))
+    dist.all_gather_object([None] * world, rank, group=gloo)
     mh, oh = Holder(model, True), Holder(optim, False)
     for rep in range(args.repeat):
         files = one_round(rep)
@@ -348,7 +350,7 @@ def _gather(x: float, world: int) -> tp.List[float]:
 
 def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp.Any]]:
     """One full measurement on the filesystem holding ``base``; None when a rank failed."""
-    from hpctrain.ckpt._format import CRC32_IMPL  # torch-free
+    from hpctrain.ckpt import meters  # torch-free
 
     base.mkdir(parents=True, exist_ok=True)
     args.dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=base)).resolve()
@@ -375,7 +377,7 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
             "repeat": args.repeat,
             "state_bytes": m["state_bytes"],
             "checkpoint_bytes": m["checkpoint_bytes"],
-            "crc32": CRC32_IMPL,  # isal (the [fast] extra) or zlib: the checksum cost in save and restore
+            "crc32": meters()["crc32_impl"],  # isal (the [fast] extra) or zlib: the checksum cost in save and restore
             "times_s": {k: round(v, 4) for k, v in m.items() if k.endswith("_s")},
             "throughput_GBps": {
                 "raw_write": gb / m["raw_write_s"],
@@ -395,7 +397,8 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
             "async_commit_vs_sync_save": m["hp_async_commit_s"] / m["hp_save_s"],
             "dcp_async_block_vs_dcp_save": m["dcp_async_block_s"] / m["dcp_save_s"],
             # read_once restore vs its ceiling: each rank reads 1/world of the files' bytes and one all_gather of
-            # the raw bytes on the same gloo group hands every rank the rest (the least read_once must do)
+            # the raw bytes on a gloo group like the checkpointer's gives every rank the rest (the least read_once
+            # must do)
             "restore_vs_raw": m["raw_read_once_s"] / m["hp_restore_s"],
             # read_once restore vs each rank only reading its own shard (no exchange: a lower bound, not reachable)
             "restore_vs_raw_own_read": m["raw_read_own_s"] / m["hp_restore_s"],

@@ -13,7 +13,8 @@ and chunked (64 samples a chunk) gzip level 4. Page cache warm. For each:
 
 Rates are steady state (timed from the first batch, so worker start-up is excluded for both loaders).
 Plus: loader RSS at 10x the data / at 1x, and the data-wait fraction under a synthetic step of known
-duration. Data lives in a temp dir, removed at the end. Prints JSON.
+duration. Data lives in a temp dir, removed at the end. Prints JSON. Like any user, it reaches hpctrain
+through public names only (``hpctrain.data.meters``, ``contiguous_regions``, ``epoch_order``, ``open_h5``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hpctrain.data import H5DataConfig, H5Loader, make_dataset  # noqa: E402
-from hpctrain.data._h5 import open_h5, scan  # noqa: E402
+from hpctrain.data import (  # noqa: E402
+    H5DataConfig,
+    H5Loader,
+    contiguous_regions,
+    epoch_order,
+    make_dataset,
+    meters,
+    open_h5,
+)
 
 SHAPE = (3, 32, 32)
 SAMPLE_BYTES = 3 * 32 * 32 * 4 + 8
@@ -46,10 +54,11 @@ def warm(path: str) -> None:
 
 
 def ceiling_pread(path: str, reps: int = 3) -> float:
-    """Samples/s of reading both datasets' bytes with large preads into a preallocated buffer."""
-    lay = scan([path], ["x", "y"])
-    n = lay.num_samples
-    regions = [(lay.files[0].keys[k].offset, n * lay.files[0].keys[k].sample_bytes) for k in ("x", "y")]
+    """Samples/s of reading both datasets' bytes with large preads into a preallocated buffer (the bytes
+    the loader preads: ``hpctrain.data.contiguous_regions``)."""
+    found = contiguous_regions(path, ["x", "y"])
+    n = found["x"].samples
+    regions = [(found[k].offset, found[k].nbytes) for k in ("x", "y")]
     buf = np.empty(max(size for _, size in regions), dtype=np.uint8)
     view = memoryview(buf)
     best = 0.0
@@ -229,17 +238,14 @@ def data_wait(path: str, batch: int, workers: int, step_ms: float, steps: int, w
 
 def mixing(path: str, batch: int) -> tp.Dict[str, float]:
     """How mixed the chunk+window order is (the same figures docs/data.md quotes)."""
-    from hpctrain.data._order import EpochOrder
-
-    lay = scan([path], ["x", "y"])
-    cfg = loader_cfg(path, batch, 0)
-    ids = EpochOrder(lay.block_starts, 0, 0, cfg.window_chunks, True).ids(np.arange(lay.num_samples))
-    blk = np.searchsorted(lay.block_starts, ids, side="right") - 1
+    cfg = loader_cfg(path, batch, 0)  # seed 0, shuffled
+    ids, block_starts = epoch_order(cfg, epoch=0)
+    blk = np.searchsorted(block_starts, ids, side="right") - 1
     nb = len(ids) // batch
     per_batch = [len(np.unique(blk[i * batch : (i + 1) * batch])) for i in range(nb)]
     pos = np.arange(len(ids))
     return {
-        "chunk_samples": float(np.diff(lay.block_starts).mean()),
+        "chunk_samples": float(np.diff(block_starts).mean()),
         "window_chunks": cfg.window_chunks,
         "distinct_chunks_per_batch": float(np.mean(per_batch)),
         "adjacent_same_chunk_frac": float(np.mean(blk[1:] == blk[:-1])),
@@ -261,9 +267,7 @@ def _rss_in_child(path: str, batch: int, workers: int, batches: int) -> int:
 
 def _inflater() -> str:
     """Which inflate hpctrain's gzip path uses: 'isal' (pip install 'hpctrain[fast]') or 'zlib'."""
-    from hpctrain.data._h5 import INFLATER
-
-    return INFLATER
+    return meters()["inflater"]
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:

@@ -32,12 +32,13 @@ def uuid_probe(ctx: tp.Any) -> None:
     """Entry: each rank writes the UUID of the GPU it holds to run_dir/uuids/rank-N.json."""
     import torch
 
-    from hpctrain._atomic import atomic_write_json
-
     uuid = str(torch.cuda.get_device_properties(ctx.device).uuid)
     (ctx.run_dir / "uuids").mkdir(exist_ok=True)
     record = {"rank": ctx.rank, "host": ctx.hostname, "device": str(ctx.device), "uuid": uuid}
-    atomic_write_json(ctx.run_dir / "uuids" / f"rank-{ctx.rank}.json", record)
+    path = ctx.run_dir / "uuids" / f"rank-{ctx.rank}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # whole or absent: a reader never sees half a record
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def submit(out: Path, name: str, gpus: int, entry: str, args: tp.Sequence[str]) -> int:

@@ -151,8 +151,7 @@ def main() -> int:
     result["save_s"] = round(saved["save_s"], 4)
     same = _spawn(gpus, "restore", args)
     cpu2 = _spawn(2, "cpu", args)
-    from hpctrain.ckpt import CheckpointConfig, Checkpointer
-    from hpctrain.ckpt._reader import digest_dir
+    from hpctrain.ckpt import CheckpointConfig, Checkpointer, digest
 
     model = _model(args.hidden).to("cuda:0")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -162,7 +161,7 @@ def main() -> int:
     plain = Checkpointer(CheckpointConfig(dir=args.out / "plain"))
     plain.save(2, model=model, optimizer=opt)  # the same state, replicated: the digest must not change
     plain.close()
-    digest_equal = digest_dir(args.out / "fsdp" / "step-000000002") == digest_dir(args.out / "plain" / "step-000000002")
+    digest_equal = digest(args.out / "fsdp" / "step-000000002") == digest(args.out / "plain" / "step-000000002")
     result.update(
         restore_same_layout_s=round(same["restore_s"], 4),
         same_layout_exact=same["hash"] == saved["hash"],

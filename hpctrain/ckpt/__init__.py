@@ -11,8 +11,17 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain.ckpt.config import CheckpointConfig
+from hpctrain.ckpt.metering import digest, meters, replicated_share
 
-__all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult", "latest_committed"]
+__all__ = [
+    "CheckpointConfig",
+    "Checkpointer",
+    "RestoreResult",
+    "latest_committed",
+    "meters",
+    "digest",
+    "replicated_share",
+]
 
 
 class Committed(tuple):  # type: ignore[type-arg]

@@ -9,10 +9,21 @@ from __future__ import annotations
 import typing as tp
 
 from hpctrain.data.config import H5DataConfig
+from hpctrain.data.metering import contiguous_regions, epoch_order, meters, open_h5
 from hpctrain.data.metrics import LoaderMetrics, StepMetrics
 from hpctrain.data.synth import make_dataset
 
-__all__ = ["H5DataConfig", "H5Loader", "LoaderMetrics", "StepMetrics", "make_dataset"]
+__all__ = [
+    "H5DataConfig",
+    "H5Loader",
+    "LoaderMetrics",
+    "StepMetrics",
+    "make_dataset",
+    "meters",
+    "open_h5",
+    "contiguous_regions",
+    "epoch_order",
+]
 
 if tp.TYPE_CHECKING:
     from hpctrain.data.loader import H5Loader

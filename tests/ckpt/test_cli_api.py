@@ -113,7 +113,15 @@ def test_cli_never_imports_torch(ckdir):
 
 
 def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
-    assert sorted(hpctrain.ckpt.__all__) == ["CheckpointConfig", "Checkpointer", "RestoreResult", "latest_committed"]
+    assert sorted(hpctrain.ckpt.__all__) == [
+        "CheckpointConfig",
+        "Checkpointer",
+        "RestoreResult",
+        "digest",
+        "latest_committed",
+        "meters",
+        "replicated_share",
+    ]
     for name in hpctrain.ckpt.__all__:
         assert getattr(hpctrain.ckpt, name) is not None
     for kw, needle in [
