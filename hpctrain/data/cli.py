@@ -1,4 +1,4 @@
-"""``python -m hpctrain data inspect|synth``: login-node tools. h5py/numpy/rich only; never imports torch."""
+"""``python -m hpctrain data inspect|synth|hash``: login-node tools. h5py/numpy/rich only; never imports torch."""
 
 from __future__ import annotations
 
@@ -244,6 +244,26 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hash(args: argparse.Namespace) -> int:
+    """A full sha256 of each file (every byte; the run identity's content tier is only a sample)."""
+    from hpctrain.data.fingerprint import full_hash
+
+    for path in args.files:  # every name checked before the first (slow) read
+        if not os.path.exists(path):
+            raise UsageError(f"data hash: {path}: no such file; check the path")
+        if not os.path.isfile(path):
+            raise UsageError(f"data hash: {path}: not a regular file; give files")
+    results = []
+    for path in args.files:
+        result = full_hash(path)
+        results.append(result)
+        if not args.json:
+            print(f"{result['sha256']}  {path}", flush=True)  # sha256sum's format
+    if args.json:
+        print(json.dumps({"files": results}, indent=2))
+    return 0
+
+
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     parser = command_parser("data", "Inspect HDF5 inputs and synthesise demo datasets.")
     sub = add_subcommands(parser)
@@ -264,5 +284,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     s.add_argument("--level", type=int, default=4, help="gzip level (default 4)")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=_synth)
+    h = sub.add_parser("hash", help="full sha256 of every byte of each file (sha256sum's output; --json: size, time)")
+    h.add_argument("files", nargs="+", metavar="FILE")
+    add_json_flag(h)
+    h.set_defaults(fn=_hash)
     args = parser.parse_args(list(argv) if argv is not None else None)
     return int(args.fn(args))

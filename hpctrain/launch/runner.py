@@ -129,6 +129,8 @@ class Runner:
                 stop=agreement,
             )
             self._record_rank(ctx, started, joined)
+            if ctx.rank == 0:
+                self._capture_identity(ctx)
             print(
                 f"hpctrain: rank {ctx.rank}/{ctx.world_size} on {ctx.hostname} (node {ctx.node_rank}, "
                 f"local {ctx.local_rank}, {device}, {backend}, {threads} cpu threads) joined "
@@ -194,6 +196,41 @@ class Runner:
         if end is not None and not end.requeued and end.cause != "cancelled":
             raise SystemExit(1)
         raise SystemExit(0)
+
+    def _capture_identity(self, ctx: tp.Any) -> None:
+        """Rank 0: this attempt's identity manifest (hpctrain.identity). A failure is one warning line: the
+        run goes on without it."""
+        try:
+            from hpctrain.identity import capture_start
+
+            manifest = capture_start(
+                self.run_dir,
+                job_id=ctx.job_id,
+                restart_count=ctx.restart_count,
+                entry=self.entry,
+                entry_args=self.entry_args,
+                world_size=ctx.world_size,
+                gpus_per_node=self.gpus_per_node,
+                hostnames=ctx.hostnames,
+                launcher=ctx.launcher,
+                backend=ctx.backend,
+                device=str(ctx.device),
+            )
+        except Exception as exc:
+            print(f"hpctrain: warning: run identity not captured: {type(exc).__name__}: {exc}", flush=True)
+            return
+        changed = manifest["previous"]["changed"]
+        moved = (
+            ""
+            if (manifest["code"].get("vs_submit") or {}).get("same", True)
+            else "; code differs from the submitted code"
+        )
+        print(
+            f"hpctrain: identity {manifest['identity'][:12]} captured in {manifest['capture_s']:.2f}s"
+            + (f"; changed since attempt {manifest['previous']['attempt']}: {', '.join(changed)}" if changed else "")
+            + moved,
+            flush=True,
+        )
 
     def _record_rank(self, ctx: tp.Any, started: float, joined: float) -> None:
         """:meth:`RunDir.rank_record`: what the login-node tools read about each task."""

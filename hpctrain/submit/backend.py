@@ -27,7 +27,7 @@ from hpctrain.rundir import RunDir
 from hpctrain.submit.config import SubmitConfig
 from hpctrain.submit.sbatch import slurm_parameters
 
-__all__ = ["Submission", "default_run_dir", "prepare_run_dir", "submit"]
+__all__ = ["Submission", "default_run_dir", "prepare_run_dir", "submit", "check_clean"]
 
 
 @dataclass
@@ -129,12 +129,43 @@ def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
     )
 
 
+def check_clean(cfg: SubmitConfig) -> None:
+    """``--require-clean``: one UsageError line naming the dirty files of the entry's (or hpctrain's) git tree."""
+    from hpctrain.identity.code import capture_code
+    from hpctrain.identity.manifest import require_clean
+
+    require_clean(capture_code(cfg.entry))
+
+
+def _capture_identity(cfg: SubmitConfig, run_dir: Path, argv: tp.Sequence[str]) -> tp.Dict[str, tp.Any]:
+    """The submit-time identity manifest (hpctrain.identity); what submission.json says about it. A dirty tree
+    under --require-clean stops the submission; any other failure to capture is a warning, never a lost job."""
+    from hpctrain.identity import capture_submit
+
+    started = time.perf_counter()
+    try:
+        manifest = capture_submit(cfg, argv, run_dir)
+    except UsageError:
+        raise
+    except Exception as exc:
+        print(f"hpctrain submit: warning: run identity not captured: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return {"error": f"{type(exc).__name__}: {exc}", "capture_s": round(time.perf_counter() - started, 4)}
+    return {
+        "path": os.path.relpath(manifest["path"], run_dir),
+        "identity": manifest["identity"],
+        "written": manifest["written"],
+        "differs_from_first": manifest.get("differs_from_first"),
+        "capture_s": round(time.perf_counter() - started, 4),
+    }
+
+
 def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[str]) -> Submission:
     """Submit ``cfg`` to ``cluster`` ('slurm' or 'local'); writes the run records; returns the job."""
     import submitit
 
     paths = RunDir(run_dir)
     folder = paths.logs
+    identity = _capture_identity(cfg, run_dir, argv)
     record: tp.Dict[str, tp.Any] = {
         "hpctrain_version": __version__,
         "config": cfg.to_dict(),
@@ -147,6 +178,7 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         "log_dir": str(folder),
         "host": socket.gethostname(),
         "state": "submitting",
+        "identity": identity,
     }
     atomic_write_json(paths.submission, record)
     runner = _runner(cfg, run_dir)

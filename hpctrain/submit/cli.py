@@ -44,8 +44,8 @@ examples:
   python -m hpctrain.submit --nodes 2 --dry-run            # print the sbatch script, submit nothing
   python -m hpctrain.submit --cluster local --entry hpctrain.examples.demo:main --follow
 
-An ./hpctrain.toml ([job] keys = these flags with underscores, [train] entry/args) is read when
-present; flags given here override it.
+An ./hpctrain.toml ([job] keys = these flags with underscores, [train] entry/args, [run]
+owner/team/notes/require_clean) is read when present; flags given here override it.
 """
 
 
@@ -115,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
         "its own run directory, with its submitted settings (flags given here override them)",
     )
     t.add_argument("--config", metavar="FILE", help=f"TOML file (default ./{DEFAULT_CONFIG_FILE} if present)")
+    w = p.add_argument_group("ownership and identity (recorded in RUN_DIR/identity/, docs/bundle.md)")
+    w.add_argument("--owner", metavar="NAME", help="who owns the run (default: the user submitting it)")
+    w.add_argument("--team", metavar="NAME", help="the owner's team or project")
+    w.add_argument("--notes", metavar="TEXT", help="what the run is for, free text")
+    w.add_argument(
+        "--require-clean",
+        action="store_true",
+        help="refuse to submit from a git tree with uncommitted or untracked files (names them)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true", help="print the sbatch script and exit without submitting")
     o.add_argument("--follow", action="store_true", help="stream the rank-0 log with a live status until the job ends")
@@ -243,6 +252,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
                 f"--partition {cfg.partition!r} does not exist on this cluster; sinfo lists: {', '.join(names)}"
             )
     check_entry_imports(cfg.entry)
+    if cfg.require_clean:  # before the run directory exists: a refusal writes nothing
+        backend.check_clean(cfg)
     backend.prepare_run_dir(run_dir, resume=getattr(ns, "resume", None) is not None, slurm=slurm)
     sub = backend.submit(cfg, run_dir=run_dir, cluster=cluster, argv=["-m", "hpctrain.submit", *argv])
     return _report(cfg, sub, slurm, follow_job=getattr(ns, "follow", False), console=console)

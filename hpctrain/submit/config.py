@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpctrain._files import read_regular_file, shorten
 from hpctrain._slurm import format_time, parse_time
-from hpctrain._validate import check_choice, check_int, check_str
+from hpctrain._validate import check_bool, check_choice, check_int, check_str
 from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
 from hpctrain.errors import UsageError
 
@@ -39,6 +39,8 @@ MAX_INT = 10_000_000
 # component must stay within the 255 bytes a Linux filesystem allows.
 MAX_JOB_NAME_BYTES = 200
 CONFIG_FILE_LIMIT = 1 << 20  # bytes of TOML read at most
+MAX_OWNER_CHARS = 200  # --owner, --team: one line, a name
+MAX_NOTES_CHARS = 10_000  # --notes: free text (newlines allowed; never written into the sbatch script)
 
 
 def parse_mem(text: str) -> str:
@@ -98,6 +100,15 @@ class SubmitConfig:
     """Training entry point ``module:function``, called as ``function(ctx)`` on every task (``--entry``)."""
     entry_args: tp.List[str] = field(default_factory=list)
     """The entry's own arguments (after ``--`` on the command line; ``[train] args`` in TOML)."""
+    owner: tp.Optional[str] = None
+    """Who owns the run (``--owner``, ``[run] owner``); default: the user who submits it."""
+    team: tp.Optional[str] = None
+    """The owner's team or project (``--team``, ``[run] team``)."""
+    notes: tp.Optional[str] = None
+    """Purpose of the run, free text (``--notes``, ``[run] notes``); recorded in the identity manifest."""
+    require_clean: bool = False
+    """Refuse to submit from a git tree with uncommitted or untracked files (``--require-clean``,
+    ``[run] require_clean``): the error names the dirty files."""
 
     def __post_init__(self) -> None:
         for name in ("time", "mem"):  # `time = 30` in TOML means 30 minutes, as in Slurm
@@ -144,6 +155,23 @@ class SubmitConfig:
             raise UsageError("entry arguments ([train] args) must be a list of strings")
         if any(_CONTROL.search(a) for a in self.entry_args):
             raise UsageError("entry arguments after -- must not contain newlines or control characters")
+        for name in ("owner", "team", "notes"):
+            check_str(self, name, getattr(self, name), none_ok=True)
+        for name in ("owner", "team"):
+            value = getattr(self, name)
+            if value is not None and (not value.strip() or _CONTROL.search(value) or len(value) > MAX_OWNER_CHARS):
+                raise UsageError(
+                    f"--{name} {shorten(repr(value))} must be one non-empty line of at most "
+                    f"{MAX_OWNER_CHARS} characters"
+                )
+        if self.notes is not None and (
+            len(self.notes) > MAX_NOTES_CHARS or re.search(r"[\x00-\x08\x0b-\x1f\x7f]", self.notes)
+        ):
+            raise UsageError(
+                f"--notes must be text of at most {MAX_NOTES_CHARS} characters (newlines and tabs allowed, "
+                "no other control characters)"
+            )
+        check_bool(self, "require_clean", self.require_clean)
 
     # Derived values -----------------------------------------------------------------------------
     @property
@@ -176,7 +204,8 @@ class SubmitConfig:
         return dataclasses.asdict(self)
 
 
-_JOB_KEYS = {f.name for f in dataclasses.fields(SubmitConfig)} - {"entry", "entry_args"}
+_RUN_KEYS = {"owner", "team", "notes", "require_clean"}
+_JOB_KEYS = {f.name for f in dataclasses.fields(SubmitConfig)} - {"entry", "entry_args"} - _RUN_KEYS
 _TRAIN_KEYS = {"entry": "entry", "args": "entry_args"}
 
 
@@ -191,6 +220,11 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
         [train]
         entry = "mypkg.train:main"
         args = ["--lr", "3e-4"]
+        [run]                      # ownership, recorded in the identity manifest
+        owner = "ada"
+        team = "vision"
+        notes = "baseline for the ablation"
+        require_clean = true       # refuse to submit from a dirty git tree
     """
     path = Path(path)
     raw = read_regular_file(path, what="--config", limit=CONFIG_FILE_LIMIT)
@@ -204,10 +238,10 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
         raise UsageError(f"{shorten(path)}: not valid TOML ({exc})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits, absurd nesting
         raise UsageError(f"{shorten(path)}: not usable TOML ({type(exc).__name__}: {shorten(exc, 120)})") from None
-    unknown_tables = sorted(set(data) - {"job", "train"})
+    unknown_tables = sorted(set(data) - {"job", "train", "run"})
     if unknown_tables:
-        raise UsageError(f"{shorten(path)}: unknown table(s) {shorten(unknown_tables)}; use [job] and [train]")
-    for table in ("job", "train"):
+        raise UsageError(f"{shorten(path)}: unknown table(s) {shorten(unknown_tables)}; use [job], [train] and [run]")
+    for table in ("job", "train", "run"):
         if not isinstance(data.get(table, {}), dict):
             raise UsageError(f"{shorten(path)}: {table} must be a table ([{table}] followed by key = value lines)")
     kwargs: tp.Dict[str, tp.Any] = {}
@@ -225,6 +259,13 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
     for key, name in _TRAIN_KEYS.items():
         if key in train:
             kwargs[name] = train[key]
+    run = data.get("run", {})
+    bad = sorted(set(run) - _RUN_KEYS)
+    if bad:
+        raise UsageError(
+            f"{shorten(path)}: unknown key(s) {shorten(bad)} in [run]; valid keys: {', '.join(sorted(_RUN_KEYS))}"
+        )
+    kwargs.update(run)
     if "entry_args" in kwargs and not _is_str_list(kwargs["entry_args"]):
         raise UsageError(f"{shorten(path)}: [train] args must be a list of strings")
     return kwargs

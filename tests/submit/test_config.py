@@ -164,3 +164,41 @@ def test_flag_named_errors_from_the_shared_checks(kwargs, message):
     with pytest.raises(UsageError, match=message) as e:
         SubmitConfig(**kwargs)
     assert "\n" not in str(e.value)
+
+
+def test_run_table_and_ownership_flags(tmp_path):
+    """[run] in hpctrain.toml: owner, team, notes, require_clean; the flags override it (issue 19)."""
+    (tmp_path / "hpctrain.toml").write_text(
+        '[train]\nentry = "pkg.mod:fn"\n[run]\nowner = "ada"\nteam = "vision"\n'
+        'notes = """two lines\nof purpose"""\nrequire_clean = true\n'
+    )
+    cfg, _ = resolve_config([], cwd=tmp_path)
+    assert (cfg.owner, cfg.team, cfg.notes, cfg.require_clean) == ("ada", "vision", "two lines\nof purpose", True)
+    cfg, _ = resolve_config(["--owner", "bob", "--notes", "rerun"], cwd=tmp_path)
+    assert (cfg.owner, cfg.team, cfg.notes) == ("bob", "vision", "rerun")
+    assert SubmitConfig().owner is None and SubmitConfig().require_clean is False
+    cfg, _ = resolve_config(["--require-clean", "--entry", "a:b"], cwd=tmp_path / "nowhere")
+    assert cfg.require_clean is True and cfg.to_dict()["require_clean"] is True
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[run]\nowner = 3\n", "--owner 3 must be a string or None"),
+        ("[run]\nrequire_clean = 'yes'\n", "--require-clean 'yes' must be True or False"),
+        (
+            "[run]\nowners = 'x'\n",
+            r"unknown key\(s\) \['owners'\] in \[run\]; valid keys: notes, owner, require_clean, team",
+        ),
+        ("[job]\nowner = 'x'\n", r"unknown key\(s\) \['owner'\] in \[job\]"),
+        ('[run]\nteam = "a\\nb"\n', "--team 'a\\\\nb' must be one non-empty line"),
+        ("[run]\nowner = ' '\n", "--owner ' ' must be one non-empty line"),
+        ('[run]\nnotes = "a\\u0007b"\n', "--notes must be text of at most 10000 characters"),
+    ],
+)
+def test_bad_run_table_is_one_line(tmp_path, text, message):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message) as e:
+        SubmitConfig(**load_toml(path))
+    assert "\n" not in str(e.value)
