@@ -19,6 +19,8 @@ COMMANDS: tp.Dict[str, tp.Tuple[str, str]] = {
     "ckpt": ("hpctrain.ckpt.cli", "list, verify, digest and clean checkpoints"),
     "data": ("hpctrain.data.cli", "inspect HDF5 inputs and synthesise demo datasets"),
     "status": ("hpctrain.status.cli", "where a training run stands: job, progress, throughput, checkpoints, ledger"),
+    "approve": ("hpctrain.approvals", "approve or reject a committed checkpoint in the run's hash-chained log"),
+    "bundle": ("hpctrain.bundle.cli", "write a run's recoverable bundle (RO-Crate), or verify one"),
 }
 
 

@@ -1,0 +1,168 @@
+"""``python -m hpctrain bundle RUN_DIR -o OUT [...]`` and ``python -m hpctrain bundle verify BUNDLE [--json]``.
+
+Exit 0 ok, 1 a failed check (verify) or operation, 2 bad input (not a run, not a bundle, OUT exists).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing as tp
+
+from hpctrain._cli import EXIT_FAILED, EXIT_OK, add_json_flag, command_parser
+
+__all__ = ["main", "render_report"]
+
+_DESCRIPTION = """\
+Write a run's recoverable training bundle (RO-Crate metadata, identity manifests, code snapshot,
+environment lock, data fingerprint, one committed checkpoint, metrics, ledger, approvals, a file list
+with a sha256 of every file), or verify one:
+
+  python -m hpctrain bundle RUN_DIR -o OUT [--step N] [--tar] [--copy] [--license SPDX] [--team-url URL]
+  python -m hpctrain bundle verify BUNDLE [--json]
+
+(a run directory literally named "verify" is given as ./verify)"""
+
+
+def _build_parser() -> tp.Any:
+    p = command_parser("bundle", _DESCRIPTION)
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("-o", "--out", required=True, metavar="OUT", help="the bundle to write (never overwritten)")
+    p.add_argument("--step", type=int, metavar="N", help="the committed checkpoint to bundle (default: the newest)")
+    p.add_argument("--tar", action="store_true", help="write one uncompressed tar file instead of a directory")
+    p.add_argument("--copy", action="store_true", help="copy the checkpoint even where a hard link would do")
+    p.add_argument(
+        "--license",
+        metavar="SPDX|URL",
+        help="the bundle's license (default: none stated; the crate names the owner to ask)",
+    )
+    p.add_argument("--team-url", metavar="URL", help="the owner's team's web page (the crate's organisation)")
+    add_json_flag(p)
+    return p
+
+
+def _verify_parser() -> tp.Any:
+    p = command_parser("bundle verify", "Verify a bundle: every file's sha256, the checkpoint, approvals, identity.")
+    p.add_argument("bundle", metavar="BUNDLE", help="a bundle directory or its tar")
+    add_json_flag(p)
+    return p
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "verify":
+        from hpctrain.bundle.verify import verify_bundle
+
+        opts = _verify_parser().parse_args(args[1:])
+        report = verify_bundle(opts.bundle)
+        if opts.json:
+            print(json.dumps(report, indent=2, sort_keys=True))
+        else:
+            render_report(report)
+        return EXIT_OK if report["ok"] else EXIT_FAILED
+    opts = _build_parser().parse_args(args)
+    from hpctrain.bundle.build import build_bundle
+
+    summary = build_bundle(
+        opts.run_dir,
+        opts.out,
+        step=opts.step,
+        tar=opts.tar,
+        copy=opts.copy,
+        license=opts.license,
+        team_url=opts.team_url,
+    )
+    if opts.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return EXIT_OK
+    ck, ap = summary["checkpoint"], summary["approvals"]
+    ident = summary["run_identity"]
+    print(
+        f"bundle {summary['bundle']} ({summary['format']}): {summary['files']} files, {summary['bytes']} bytes\n"
+        f"  checkpoint step {ck['step']} ({ck['link']}, verified), {summary['attempts']} attempt(s), "
+        f"{ap['entries']} approval(s), run identity {ident[:16] + '...' if ident else 'not recorded'}"
+    )
+    for note in summary["notes"]:
+        print(f"  note: {note}")
+    print(f"  check it: python -m hpctrain bundle verify {summary['bundle']}")
+    return EXIT_OK
+
+
+def render_report(report: tp.Mapping[str, tp.Any]) -> None:
+    """The verify report as rich tables; every recorded string is escaped (no markup from a bundle)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=False)
+    verdict = "[bold green]OK[/]" if report["ok"] else "[bold red]FAILED[/]"
+    rec = report.get("record") or {}
+    ck = rec.get("checkpoint") or {}
+    console.print(f"bundle   {escape(str(report['bundle']))} ({report['format']}): {verdict}")
+    console.print(
+        f"run      {escape(str(rec.get('run_name')))} · written {escape(str(rec.get('created_utc')))} by hpctrain "
+        f"{escape(str(rec.get('hpctrain_version')))} · identity {escape(str(rec.get('run_identity')))}"
+    )
+    console.print(
+        f"ckpt     step {escape(str(ck.get('step')))} · manifest sha256 {escape(str(ck.get('manifest_sha256')))}"
+    )
+    table = Table(show_lines=False)
+    for col in ("check", "result", "detail"):
+        table.add_column(col)
+    for c in report["checks"]:
+        result = "[green]ok[/]" if c["ok"] else f"[red]FAILED ({len(c['problems'])})[/]"
+        if c["ok"] and c["warnings"]:
+            result = "[yellow]ok, see below[/]"
+        table.add_row(escape(c["check"]), result, escape(c["detail"]))
+    console.print(table)
+    # problems in full, one per line (not folded into a table cell): what to grep for, and copy
+    for c in report["checks"]:
+        for p in c["problems"][:200]:
+            console.print(f"[red]✗[/] {escape(c['check'])}: {escape(p)}", soft_wrap=True)
+        if len(c["problems"]) > 200:
+            console.print(f"[red]✗[/] {escape(c['check'])}: ... and {len(c['problems']) - 200} more (--json)")
+        for w in c["warnings"]:
+            console.print(f"[yellow]![/] {escape(c['check'])}: {escape(w)}", soft_wrap=True)
+    attempts = report.get("attempts") or []
+    if attempts:
+        t = Table(title="attempts (one CreateAction each in ro-crate-metadata.json)")
+        for col in ("job", "restart", "status", "hosts", "resumed from", "step", "committed", "requeued"):
+            t.add_column(col)
+        for a in attempts:
+            t.add_row(
+                *(
+                    escape(str(x if x is not None else "-"))
+                    for x in (
+                        a.get("job_id") or "local",
+                        a.get("restart_count"),
+                        (a.get("status") or "") + (f" ({a['cause']})" if a.get("cause") else ""),
+                        ",".join(a.get("hosts") or []) or "-",
+                        a.get("resumed_from_step"),
+                        a.get("step"),
+                        a.get("committed_step"),
+                        "yes" if a.get("requeued") else "no",
+                    )
+                )
+            )
+        console.print(t)
+    approvals = report.get("approvals") or []
+    if approvals:
+        t = Table(title="approvals (hash-chained, oldest first)")
+        for col in ("seq", "time", "decision", "step", "by", "reason", "entry"):
+            t.add_column(col)
+        for e in approvals:
+            t.add_row(
+                *(
+                    escape(str(x if x is not None else "-"))
+                    for x in (
+                        e.get("seq"),
+                        e.get("time"),
+                        e.get("decision"),
+                        e.get("step"),
+                        e.get("by"),
+                        e.get("reason"),
+                        str(e.get("entry_hash"))[:16],
+                    )
+                )
+            )
+        console.print(t)

@@ -1,0 +1,526 @@
+"""The bundle's RO-Crate: ``ro-crate-metadata.json`` (RO-Crate 1.1, Process Run Crate 0.5) and its preview.
+
+Written as plain JSON-LD by this module (standard library only) rather than with the ``rocrate`` library:
+the graph is a few dozen entities of fixed shape, the bundle must be buildable on a login node without
+extra packages, and the output must be byte-for-byte deterministic for a given run; ``roc-validator``
+(``../shared/tools/rocrate-validate BUNDLE -l recommended``) is the judge of conformance.
+
+The graph:
+
+* the root ``./`` Dataset: name, description, datePublished, license, author (the owner), ``hasPart`` every
+  file of the bundle (and the checkpoint directory), ``mentions`` every action, ``conformsTo`` the Process
+  Run Crate 0.5 profile (the version ``roc-validator`` 0.13 knows: ``https://w3id.org/ro/wfrun/process/0.5``);
+* the software: hpctrain (``SoftwareApplication`` with its version) and the user's code (a
+  ``SoftwareApplication`` whose id is its repository's URL and whose version is the commit) when the code
+  record names a web remote; the code snapshot file carries the commit and the dirty flag in any case;
+* one ``CreateAction`` per Slurm attempt from the ledger: startTime, endTime, actionStatus, agent (the
+  owner), instrument (the software), object (the input files' fingerprints as ``PropertyValue``s, the
+  fingerprint file, the code snapshot, the submission), result (the checkpoint it committed when that is
+  the bundled one, the committed step, the metrics), description (job id, restart count, hosts, steps
+  resumed from / reached / committed, how it ended), ``environment`` = the attempt's ``SLURM_*`` variables;
+* one ``OrganizeAction`` per Slurm job, whose ``result`` is its attempts.
+
+The Process Run Crate's ``environment`` term lives in the workflow-run context; it is declared inline
+(``{"environment": "https://w3id.org/ro/terms/workflow-run#environment"}``, the same IRI) so that no tool
+needs the network to read the crate.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import re
+import typing as tp
+
+from hpctrain.bundle._records import code_repo, data_files, hpctrain_code, http_url, slurm_environment
+from hpctrain.bundle.attempts import Attempt
+
+__all__ = ["PROFILE", "RO_CRATE", "build_crate", "command_line", "crate_gaps", "preview_html", "iso", "encoding_format"]
+
+RO_CRATE = "https://w3id.org/ro/crate/1.1"
+PROFILE = "https://w3id.org/ro/wfrun/process/0.5"
+WFRUN_ENVIRONMENT = "https://w3id.org/ro/terms/workflow-run#environment"
+COMPLETED = "http://schema.org/CompletedActionStatus"
+FAILED = "http://schema.org/FailedActionStatus"
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+_FORMATS = {
+    ".json": "application/json",
+    ".jsonl": "application/x-ndjson",
+    ".md": "text/markdown",
+    ".html": "text/html",
+    ".sh": "text/x-shellscript",
+    ".gz": "application/gzip",
+    ".lock": "text/plain",
+    ".sha256": "text/plain",
+    ".shard": "application/octet-stream",
+}
+
+
+def iso(t: tp.Optional[float]) -> tp.Optional[str]:
+    """ISO 8601 in UTC with milliseconds and ``+00:00`` (the form the profile's shapes accept)."""
+    if t is None:
+        return None
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def encoding_format(rel: str) -> str:
+    for suffix, mime in _FORMATS.items():
+        if rel.endswith(suffix):
+            return mime
+    return "application/octet-stream"
+
+
+def _ref(i: str) -> tp.Dict[str, str]:
+    return {"@id": i}
+
+
+def command_line(record: tp.Mapping[str, tp.Any]) -> str:
+    """The submit command line as recorded (``python`` put back in front of ``-m ...``)."""
+    argv = (record.get("submission") or {}).get("argv")
+    if not isinstance(argv, list) or not argv:
+        return ""
+    return " ".join(map(str, ["python", *argv] if argv[0] == "-m" else argv))
+
+
+def _action_id(a: Attempt) -> str:
+    return f"#attempt-{a.index}-{_SAFE_ID.sub('_', a.label)}"
+
+
+def _one_or_list(values: tp.Sequence[tp.Any]) -> tp.Any:
+    """RO-Crate 1.1 recommends no one-element arrays."""
+    return values[0] if len(values) == 1 else list(values)
+
+
+_DESCRIBE = {
+    "README.md": "How to verify and reproduce this run",
+    "bundle.json": "The bundle's own record: where each part is, the chosen checkpoint, identity, approvals",
+    "MANIFEST.sha256": "sha256 of every file of the bundle (sha256sum -c MANIFEST.sha256), and of itself",
+    "ro-crate-preview.html": "This crate's metadata for a browser",
+    "run/submission.json": "What was submitted: resolved configuration, argv, cluster, job id",
+    "run/sbatch.sh": "The exact script given to sbatch",
+    "run/ledger.jsonl": "One record per start, end and exit of every attempt",
+    "run/metrics.jsonl": "The loss curve and per-interval step measurements",
+    "run/approvals.jsonl": "The append-only, hash-chained approval log",
+    "identity/submit.json": "The run identity manifest written at submit",
+    "code/snapshot.tar.gz": "The code snapshot (git archive of the commit + diff + untracked files, or package files)",
+    "environment/requirements.lock": "name==version of every distribution the run's Python had",
+    "data/fingerprint.json": "The input data fingerprint (not the data)",
+    "data/content-cache.json": "The content-tier fingerprints the run had computed",
+}
+
+
+def build_crate(
+    *,
+    record: tp.Mapping[str, tp.Any],
+    files: tp.Sequence[tp.Tuple[str, tp.Optional[int]]],
+    attempts: tp.Sequence[Attempt],
+    identity: tp.Optional[tp.Mapping[str, tp.Any]],
+    attempt_identity: tp.Mapping[tp.Tuple[str, int], tp.Mapping[str, tp.Any]],
+    owner: tp.Mapping[str, tp.Optional[str]],
+    license: tp.Optional[str],
+    hpctrain_version: str,
+    hpctrain_url: str,
+    torch_version: tp.Optional[str],
+) -> tp.Dict[str, tp.Any]:
+    """The JSON-LD document. ``files``: (path in the bundle, size or None) of every file but the metadata."""
+    graph: tp.List[tp.Dict[str, tp.Any]] = []
+    ck = record["checkpoint"]
+    ck_dir = ck["dir"].rstrip("/") + "/"
+    run_name = record.get("run_name") or "run"
+    created = record["created"]
+
+    # --- who and under which terms
+    owner_name = owner.get("owner") or record.get("user") or "unknown"
+    owner_id = owner.get("orcid") if (owner.get("orcid") or "").startswith("https://orcid.org/") else "#owner"
+    person: tp.Dict[str, tp.Any] = {"@id": owner_id, "@type": "Person", "name": owner_name}
+    team = owner.get("team")
+    team_url = owner.get("team_url") or http_url(code_repo(identity).get("remote_url"))
+    org: tp.Optional[tp.Dict[str, tp.Any]] = None
+    if team or team_url:
+        org = {"@id": "#team", "@type": "Organization", "name": team or "the owner's team (name not recorded)"}
+        if team_url:
+            org["url"] = team_url
+        if not owner.get("team_url") and team_url:
+            org["description"] = "url: the run's code repository (no team URL was recorded)"
+        person["affiliation"] = _ref("#team")
+    if license:
+        lic_id = license if "://" in license else f"https://spdx.org/licenses/{license}"
+        lic = {"@id": lic_id, "@type": "CreativeWork", "name": license.rsplit("/", 1)[-1], "identifier": license}
+    else:
+        lic_id = "#license"
+        lic = {
+            "@id": lic_id,
+            "@type": "CreativeWork",
+            "name": "No license stated",
+            "description": f"The run's owner ({owner_name}) stated no license; ask them before reusing this bundle.",
+        }
+
+    # --- software
+    hp_code = hpctrain_code(identity)
+    hpctrain = {
+        "@id": hpctrain_url,
+        "@type": "SoftwareApplication",
+        "name": "hpctrain",
+        "version": hpctrain_version,
+        "url": hpctrain_url,
+        "description": "Slurm-native PyTorch training toolkit: launched every rank, checkpointed, recorded the run"
+        + (f" (commit {hp_code['commit']})" if isinstance(hp_code.get("commit"), str) else ""),
+    }
+    software = [hpctrain]
+    requirements = []
+    if torch_version:
+        torch = {
+            "@id": f"https://pypi.org/project/torch/{torch_version.split('+')[0]}/",
+            "@type": "SoftwareApplication",
+            "name": "PyTorch",
+            "version": torch_version,
+            "url": "https://pytorch.org/",
+        }
+        software.append(torch)
+        requirements.append(_ref(torch["@id"]))
+    repo = code_repo(identity)
+    commit = repo.get("commit") if isinstance(repo.get("commit"), str) else None
+    package_hash = repo.get("sha256") if repo.get("kind") == "files" and isinstance(repo.get("sha256"), str) else None
+    code_version = commit or (f"sha256:{package_hash}" if package_hash else None)
+    dirty = repo.get("dirty")
+    repo_url = http_url(repo.get("remote_url"))
+    entry = repo.get("entry")
+    instruments = []
+    if repo_url:
+        user_code = {
+            "@id": repo_url,
+            "@type": "SoftwareApplication",
+            "name": str(entry or repo_url.rsplit("/", 1)[-1]),
+            "url": repo_url,
+            "version": (code_version or "unknown") + ("-dirty" if dirty else ""),
+            "description": f"The training entry {entry or '(not recorded)'}: commit {commit or 'not recorded'}"
+            + (", with uncommitted changes (in the code snapshot)" if dirty else ""),
+            "softwareRequirements": _one_or_list([_ref(hpctrain_url), *requirements]),
+        }
+        software.append(user_code)
+        instruments.append(_ref(repo_url))
+    instruments.append(_ref(hpctrain_url))
+
+    # --- files
+    file_ids = [rel for rel, _ in files]
+    ckpt_files = [rel for rel in file_ids if rel.startswith(ck_dir)]
+    entities: tp.Dict[str, tp.Dict[str, tp.Any]] = {}
+    for rel, size in files:
+        ent: tp.Dict[str, tp.Any] = {
+            "@id": rel,
+            "@type": "File",
+            "name": rel.rsplit("/", 1)[-1],
+            "encodingFormat": encoding_format(rel),
+        }
+        if size is not None:
+            ent["contentSize"] = str(size)
+        if rel in _DESCRIBE:
+            ent["description"] = _DESCRIBE[rel]
+        elif rel.startswith("identity/"):
+            ent["description"] = "The run identity manifest written at the start of one attempt"
+        elif rel.startswith("run/submission-"):
+            ent["description"] = "An earlier submission of this run (continued with submit --resume)"
+        elif rel in ckpt_files:
+            ent["description"] = f"Checkpoint step {ck['step']}: " + (
+                "commit manifest (shard sizes and crc32)" if rel.endswith(".json") else "one rank's shard"
+            )
+        entities[rel] = ent
+    snapshot = record.get("parts", {}).get("code_snapshot")
+    if snapshot in entities and code_version:
+        entities[snapshot]["version"] = code_version
+        entities[snapshot]["description"] = (
+            f"The code snapshot: commit {commit}" if commit else f"The code snapshot: package files {package_hash}"
+        ) + (", with the uncommitted diff and untracked files" if dirty else "")
+    ckpt_entity = {
+        "@id": ck_dir,
+        "@type": "Dataset",
+        "name": f"Checkpoint step {ck['step']}",
+        "description": (
+            f"The committed checkpoint of step {ck['step']} as hpctrain wrote it ({ck.get('world_size')} shards); "
+            f"MANIFEST.json sha256 {ck['manifest_sha256']}. Verify: python -m hpctrain ckpt verify {ck_dir}"
+        ),
+        "hasPart": _one_or_list([_ref(r) for r in ckpt_files]),
+    }
+
+    # --- inputs
+    inputs: tp.List[tp.Dict[str, tp.Any]] = []
+    for i, item in enumerate(data_files(identity)):
+        desc = [f"size {item['size']} bytes" if item["size"] is not None else "size not recorded"]
+        if item["content"]:
+            desc.append(
+                "value: sha256 over a deterministic SAMPLE of its chunks, not of the whole file"
+                if item["sampled"]
+                else "value: sha256 of its content"
+            )
+        inputs.append(
+            {
+                "@id": f"#input-{i}",
+                "@type": "PropertyValue",
+                "name": str(item["path"]),
+                "value": item["content"] or "(no content hash recorded: see data/fingerprint.json)",
+                "description": "Input data file fingerprint: " + "; ".join(desc),
+            }
+        )
+    parts = record.get("parts", {})
+    objects = [_ref(p["@id"]) for p in inputs]
+    for key in ("data_fingerprint", "code_snapshot", "submission"):
+        if parts.get(key) in entities:
+            objects.append(_ref(parts[key]))
+
+    # --- actions
+    actions: tp.List[tp.Dict[str, tp.Any]] = []
+    extra: tp.List[tp.Dict[str, tp.Any]] = []
+    jobs: tp.Dict[str, tp.List[Attempt]] = {}
+    metrics_ref = parts.get("metrics") if parts.get("metrics") in entities else None
+    for a in attempts:
+        jobs.setdefault(a.job_id, []).append(a)
+        aid = _action_id(a)
+        end, end_from = a.end_time
+        start = a.start_time
+        status = a.status
+        where = a.where
+        steps = [
+            f"resumed from step {a.resumed_from_step}" if a.resumed_from_step is not None else None,
+            f"reached step {a.step}" if a.step is not None else None,
+            f"committed step {a.committed_step}" if a.committed_step is not None else None,
+        ]
+        how = {
+            "completed": "completed",
+            "stopped": "stopped cleanly",
+            "failed": "failed",
+            "killed": "killed without an end record",
+            "unknown": "no end record (still running, or killed)",
+        }[status]
+        if a.cause:
+            how += f" ({a.cause.replace('_', ' ')}{', requeued' if a.requeued else ''})"
+        hosts = ", ".join(a.hosts) or "hosts not recorded"
+        command = f" Submitted as: {command_line(record)}." if command_line(record) else ""
+        description = (
+            f"{where}, restart {a.restart_count}: {a.world_size or '?'} ranks on {hosts}; "
+            + ", ".join(s for s in steps if s)
+            + f"; {how}."
+            + (f" End time from the {end_from}." if end_from and end_from != "end record" else "")
+            + command
+        )
+        action: tp.Dict[str, tp.Any] = {
+            "@id": aid,
+            "@type": "CreateAction",
+            "name": f"Training attempt {a.index}: {a.label} ({status})",
+            "description": description,
+            "agent": _ref(owner_id),
+            "instrument": _one_or_list(instruments),
+        }
+        if start is not None:
+            action["startTime"] = iso(start)
+        if end is not None:
+            action["endTime"] = iso(end)
+        if status in ("completed", "stopped"):
+            action["actionStatus"] = COMPLETED  # a literal: what the profile's SHACL shape compares with
+        elif status in ("failed", "killed"):
+            action["actionStatus"] = FAILED
+            action["error"] = (a.error or "failed")[:1000]
+        if objects:
+            action["object"] = _one_or_list(objects)
+        results = []
+        resumed = a.resumed_from_step if a.resumed_from_step is not None else -1
+        if a.committed_step is not None and a.committed_step >= ck["step"] > resumed:
+            results.append(_ref(ck_dir))
+        if a.committed_step is not None:
+            pv = {
+                "@id": f"{aid}-committed",
+                "@type": "PropertyValue",
+                "name": "committed_step",
+                "value": a.committed_step,
+                "description": "The newest checkpoint step committed when the attempt ended",
+            }
+            extra.append(pv)
+            results.append(_ref(pv["@id"]))
+        if metrics_ref:
+            results.append(_ref(metrics_ref))
+        if results:
+            action["result"] = _one_or_list(results)
+        env = slurm_environment(attempt_identity.get(a.key))
+        if env:
+            env_refs = []
+            for name, value in env.items():
+                pv = {"@id": f"{aid}-env-{name}", "@type": "PropertyValue", "name": name, "value": value}
+                extra.append(pv)
+                env_refs.append(_ref(pv["@id"]))
+            action["environment"] = _one_or_list(env_refs)
+        actions.append(action)
+    for job, its in jobs.items():
+        starts = [a.start_time for a in its if a.start_time is not None]
+        ends = [a.end_time[0] for a in its if a.end_time[0] is not None]
+        org_action: tp.Dict[str, tp.Any] = {
+            "@id": f"#job-{_SAFE_ID.sub('_', job or 'local')}",
+            "@type": "OrganizeAction",
+            "name": its[0].where[:1].upper() + its[0].where[1:],
+            "description": f"{len(its)} attempt(s): "
+            + ", ".join(f"restart {a.restart_count} {a.status}" + (" (requeued)" if a.requeued else "") for a in its),
+            "agent": _ref(owner_id),
+            "instrument": _ref(hpctrain_url),
+            "result": _one_or_list([_ref(_action_id(a)) for a in its]),
+        }
+        sub = [_ref(parts[k]) for k in ("submission", "sbatch_script") if parts.get(k) in entities]
+        if sub:
+            org_action["object"] = _one_or_list(sub)
+        if starts:
+            org_action["startTime"] = iso(min(starts))
+        if ends:
+            org_action["endTime"] = iso(max(ends))
+        actions.append(org_action)
+
+    # --- the root
+    identity_hash = record.get("run_identity")
+    held = [
+        what
+        for key, what in (
+            ("code_snapshot", "code snapshot"),
+            ("environment_lock", "environment lock"),
+            ("data_fingerprint", "data fingerprint"),
+        )
+        if parts.get(key) in entities
+    ]
+    desc = [
+        f"The recoverable training bundle of run {run_name}: "
+        + ", ".join([*held, f"committed checkpoint of step {ck['step']}"])
+        + f", metrics, ledger of {len(attempts)} attempt(s) and approvals.",
+        f"Owner: {owner_name}" + (f" ({team})" if team else "") + ".",
+        f"Run identity: {identity_hash}." if identity_hash else "Run identity: not recorded.",
+    ]
+    if owner.get("notes"):
+        desc.append(f"Notes: {owner['notes']}")
+    desc.append("Verify with: python -m hpctrain bundle verify <this directory>.")
+    root: tp.Dict[str, tp.Any] = {
+        "@id": "./",
+        "@type": "Dataset",
+        "name": f"hpctrain run {run_name}, checkpoint step {ck['step']}",
+        "description": " ".join(desc),
+        "datePublished": iso(created),
+        "license": _ref(lic_id),
+        "author": _ref(owner_id),
+        "conformsTo": _ref(PROFILE),
+        "hasPart": [_ref(r) for r in file_ids] + [_ref(ck_dir)],
+        "mentions": _one_or_list([_ref(a["@id"]) for a in actions]),
+    }
+    if identity_hash:
+        root["identifier"] = f"hpctrain-run-identity:{identity_hash}"
+    if org is not None:
+        root["publisher"] = _ref("#team")
+    graph = [
+        {"@id": "ro-crate-metadata.json", "@type": "CreativeWork", "conformsTo": _ref(RO_CRATE), "about": _ref("./")},
+        root,
+        {"@id": PROFILE, "@type": "CreativeWork", "name": "Process Run Crate", "version": "0.5"},
+        lic,
+        person,
+        *([org] if org else []),
+        *software,
+        *entities.values(),
+        ckpt_entity,
+        *inputs,
+        *actions,
+        *extra,
+    ]
+    return {"@context": [f"{RO_CRATE}/context", {"environment": WFRUN_ENVIRONMENT}], "@graph": graph}
+
+
+def crate_gaps(crate: tp.Mapping[str, tp.Any]) -> tp.List[str]:
+    """What the crate lacks for roc-validator's recommended level that only the user can supply."""
+    gaps = []
+    for e in crate["@graph"]:
+        if e.get("@type") == "Person" and "affiliation" not in e:
+            gaps.append(
+                "the run records no team and its code no web remote: the crate's author has no organisation, which "
+                "roc-validator's recommended level reports; give --team-url URL (and submit --team NAME)"
+            )
+        if e.get("@type") == "Organization" and "url" not in e:
+            gaps.append("the team has no URL, which roc-validator's recommended level reports; give --team-url URL")
+    return gaps
+
+
+# ---------------------------------------------------------------------------------------------- preview
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:72em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;width:100%;font-size:.9em}td,th{border:1px solid #ddd;padding:.3em .5em;
+text-align:left;vertical-align:top}th{background:#f3f3f3}code{font-size:.9em;word-break:break-all}
+.ok{color:#176717}.bad{color:#a11}.muted{color:#666}
+"""
+
+
+def _e(value: tp.Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _table(headers: tp.Sequence[str], rows: tp.Iterable[tp.Sequence[tp.Any]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def preview_html(crate: tp.Mapping[str, tp.Any], record: tp.Mapping[str, tp.Any]) -> str:
+    """A self-contained page (inline CSS, no script, no external resource): every value HTML-escaped."""
+    by_id = {e["@id"]: e for e in crate["@graph"]}
+    root = by_id["./"]
+    actions = [e for e in crate["@graph"] if e.get("@type") == "CreateAction"]
+    jobs = [e for e in crate["@graph"] if e.get("@type") == "OrganizeAction"]
+    files = [e for e in crate["@graph"] if e.get("@type") == "File"]
+    software = [e for e in crate["@graph"] if e.get("@type") == "SoftwareApplication"]
+    status = {COMPLETED: "completed", FAILED: "failed"}
+    ck = record["checkpoint"]
+    approvals = record.get("approvals") or {}
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(root.get('name'))}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_e(root.get('name'))}</h1>",
+        f"<p>{_e(root.get('description'))}</p>",
+        _table(
+            ("", ""),
+            [
+                ("Published", root.get("datePublished")),
+                ("Author", by_id.get(root.get("author", {}).get("@id"), {}).get("name")),
+                ("License", by_id.get(root.get("license", {}).get("@id"), {}).get("name")),
+                ("Run identity", record.get("run_identity") or "not recorded"),
+                ("Checkpoint", f"step {ck['step']} · MANIFEST.json sha256 {ck['manifest_sha256']}"),
+                ("Approvals", f"{approvals.get('entries', 0)} entries · head {approvals.get('head') or '-'}"),
+                ("Conforms to", f"{RO_CRATE} · {PROFILE}"),
+            ],
+        ),
+        "<h2>Attempts (one CreateAction each)</h2>",
+        _table(
+            ("attempt", "status", "start", "end", "what happened"),
+            [
+                (
+                    a.get("name"),
+                    status.get(a.get("actionStatus"), "unknown"),
+                    a.get("startTime"),
+                    a.get("endTime"),
+                    a.get("description"),
+                )
+                for a in actions
+            ],
+        ),
+        "<h2>Jobs</h2>",
+        _table(
+            ("job", "start", "end", "attempts"),
+            [(j.get("name"), j.get("startTime"), j.get("endTime"), j.get("description")) for j in jobs],
+        ),
+        "<h2>Software</h2>",
+        _table(("name", "version", "id"), [(s.get("name"), s.get("version"), s.get("@id")) for s in software]),
+        "<h2>Files</h2>",
+        _table(
+            ("path", "bytes", "format", "what"),
+            [(f["@id"], f.get("contentSize", ""), f.get("encodingFormat"), f.get("description", "")) for f in files],
+        ),
+        "<h2>Verify</h2>",
+        "<p><code>python -m hpctrain bundle verify BUNDLE</code> checks every file's sha256, the checkpoint's "
+        "own checksums, the approval chain and the identity manifests; <code>sha256sum -c MANIFEST.sha256</code> "
+        "checks the files without hpctrain.</p>",
+        '<h2>Metadata</h2><pre class="muted">' + _e(json.dumps(crate, indent=1)) + "</pre>",
+        "</body></html>",
+        "",
+    ]
+    return "\n".join(parts)
