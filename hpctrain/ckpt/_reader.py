@@ -219,7 +219,7 @@ def _manifest_problem(m: tp.Any, dir_name: str) -> str:
     # an int of hundreds of digits overflows math.isfinite: bound ints by value instead
     if not (type(t) is float and math.isfinite(t)) and not (type(t) is int and abs(t) < 1 << 62):
         return "time is not a number"
-    for key in ("run_id", "host", "slurm_job_id", "job_id", "torch"):
+    for key in ("run_id", "identity", "host", "slurm_job_id", "job_id", "torch"):
         if not isinstance(m.get(key, ""), str):
             return f"{key} is not a string"
     if not isinstance(m.get("entries", []), list):

@@ -88,13 +88,21 @@ class Checkpointer:
     """Per-rank sharded checkpoints with a two-phase commit; call every method on every rank."""
 
     def __init__(
-        self, config: CheckpointConfig, *, run_id: str = "", lustre: tp.Optional[LustreCommands] = None
+        self,
+        config: CheckpointConfig,
+        *,
+        run_id: str = "",
+        identity: str = "",
+        lustre: tp.Optional[LustreCommands] = None,
     ) -> None:
-        """``lustre``: the ``lfs`` seam used for ``config.lustre_stripe`` (default: the real ``lfs``)."""
+        """``identity``: the run identity (``hpctrain.identity``) every commit manifest carries, so a checkpoint
+        names the code, config, data and environment that made it; ``lustre``: the ``lfs`` seam used for
+        ``config.lustre_stripe`` (default: the real ``lfs``)."""
         if config.dir is None:  # None means "the run's default", which only the Trainer knows
             raise UsageError("CheckpointConfig.dir must be a directory path for a Checkpointer, got None")
         self.config = config
         self.run_id = run_id
+        self.identity = str(identity or "")
         self.root = Path(config.dir)
         self._lustre = lustre
         self._comm = Comm(config.agreement_timeout_s)
@@ -182,6 +190,7 @@ class Checkpointer:
         manifest_extra = {
             "format_version": 2 if sig else 1,  # 1 when nothing is sharded: older hpctrain reads it
             "run_id": self.run_id,
+            "identity": self.identity,
             "data_state": data_state,
             "time": time.time(),
             "entries": sorted(trees),

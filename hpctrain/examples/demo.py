@@ -51,6 +51,11 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off", help="mixed precision (GPU only)")
     p.add_argument("--no-metrics", action="store_true", help="no per-phase timing (for A/B runs of its cost)")
     p.add_argument("--quiet", action="store_true", help="no per-interval display")
+    p.add_argument(
+        "--accept-data-change",
+        action="store_true",
+        help="resume although --data changed since the previous attempt (recorded in the run's identity)",
+    )
     opts = p.parse_args(list(args))
     if opts.lr is None:
         # classification on `data synth` files (standardised inputs, a linear teacher's labels): the loss
@@ -86,6 +91,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             dir=opts.ckpt_dir, every_steps=opts.ckpt_every, every_minutes=opts.ckpt_minutes, keep_last=opts.keep
         ),
         metrics=MetricsConfig(enabled=not opts.no_metrics, display=not opts.quiet),
+        accept_data_change=opts.accept_data_change,
     )
     local_batch = opts.batch_size // ctx.world_size
 

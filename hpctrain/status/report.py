@@ -507,6 +507,58 @@ def _job_state(
     return job
 
 
+IDENTITY_ROWS = 20
+"""Attempts whose identity the report lists (the newest ones; the records hold them all)."""
+
+
+def _short_text(value: tp.Any, keep: int = 200) -> tp.Optional[str]:
+    return value[:keep] if isinstance(value, str) else None
+
+
+def _identity(root: Path, problems: tp.List[str]) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """Each attempt's run identity and what changed since the attempt before (hpctrain.identity): a restart
+    that ran other code, config or data is shown as such, not silently mixed. None without records."""
+    try:
+        from hpctrain.identity import attempt_history
+
+        history = attempt_history(root)
+    except Exception as exc:  # noqa: BLE001 - a damaged identity record is one warning, the rest still shows
+        problems.append(f"identity records: unreadable ({type(exc).__name__}: {str(exc)[:200]}); not shown")
+        return None
+    rows = []
+    for h in history[-IDENTITY_ROWS:] if isinstance(history, list) else []:
+        if not isinstance(h, dict):
+            continue
+        changed = h.get("changed") if isinstance(h.get("changed"), list) else []
+        rows.append(
+            {
+                "attempt": _short_text(h.get("attempt"), 80),
+                "identity": _short_text(h.get("identity"), 64),
+                "changed": [c[:40] for c in changed if isinstance(c, str)],
+                "data_change_accepted": h.get("data_change_accepted") is True,
+            }
+        )
+    if not rows:
+        return None
+    return {"current": rows[-1]["identity"], "attempts": rows, "changes": sum(1 for r in rows if r["changed"])}
+
+
+def _approvals(root: Path, problems: tp.List[str]) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The approval history (hpctrain.approvals): count, whether the chain verifies, the newest decisions.
+    None when the run has no approval log."""
+    from hpctrain.approvals import approvals_summary
+
+    try:
+        summary = approvals_summary(root, limit=10)
+    except Exception as exc:  # noqa: BLE001 - documented never to raise; a warning if it does
+        problems.append(f"approvals: unreadable ({type(exc).__name__}: {str(exc)[:200]}); not shown")
+        return None
+    if not summary.get("count") and not summary.get("problems"):
+        return None
+    problems.extend(f"approvals: {p}" for p in summary.get("problems") or [] if isinstance(p, str))
+    return summary
+
+
 def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None) -> tp.Dict[str, tp.Any]:
     """The status report of ``run_dir`` as a JSON-able dict (what ``--json`` prints): ``run_dir``, ``job``,
     ``starts``, ``restarts``, ``progress``, ``checkpoint``, ``last_interval``, ``last_eval``, ``last_exit``,
@@ -562,6 +614,8 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
         # how the newest attempt ended and whether it was requeued, with the reason (hpctrain.launch.ending)
         "last_exit": next((r for r in reversed(ledger) if r.get("event") == "exit"), None),
         "ledger": ledger,
+        "identity": _identity(root, problems),
+        "approvals": _approvals(root, problems),
         "problems": problems,
     }
     if len(problems) > MAX_PROBLEMS:

@@ -157,6 +157,27 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
             f"[bold]checkpoint[/] step {ck['step']} committed {_ago(ck.get('time'))} by {_n(ck.get('world_size'))}"
             f" ranks · {_t(ck.get('dir'), 400)}"
         )
+    ident = report.get("identity")
+    if ident:
+        line = f"{_t(ident.get('current'), 12)} ({len(ident.get('attempts') or [])} attempt(s) recorded)"
+        for row in ident.get("attempts") or []:
+            if row.get("changed"):
+                accepted = ", data change accepted" if row.get("data_change_accepted") else ""
+                line += (
+                    f" · [yellow]changed at {_t(row.get('attempt'), 80)}: {_t(', '.join(row['changed']))}{accepted}[/]"
+                )
+        out(f"[bold]identity[/]   {line}")
+    approvals = report.get("approvals")
+    if approvals:
+        chain = "chain intact" if approvals.get("ok") else "[red]chain broken[/] (see warnings)"
+        noun = "entry" if approvals.get("count") == 1 else "entries"
+        out(f"[bold]approvals[/]  {_n(approvals.get('count'))} {noun}, {chain}")
+        for entry in (approvals.get("entries") or [])[-5:]:
+            if isinstance(entry, dict):
+                out(
+                    f"             step {_n(entry.get('step'))}: {_t(entry.get('decision'), 20)} by"
+                    f" {_t(entry.get('by'), 80)} {_ago(entry.get('time'))}: {_t(entry.get('reason'), 200)}"
+                )
     ex = report.get("last_exit")
     if ex:
         at = f" at step {ex['agreed_step']}" if ex.get("agreed_step") is not None else ""

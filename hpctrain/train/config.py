@@ -162,6 +162,10 @@ class TrainConfig:
     """When and where to checkpoint."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Measurement and display."""
+    accept_data_change: bool = False
+    """Resume although the input data's fingerprint changed since the previous attempt (a file added or
+    removed, its size, HDF5 structure or sampled content): the change is recorded in the run's identity.
+    Without it such a resume stops with one line naming the file (docs/bundle.md, "Run identity")."""
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):
@@ -179,6 +183,7 @@ class TrainConfig:
         check_choice(self, "amp", self.amp, AMP_MODES)
         check_instance(self, "checkpoint", self.checkpoint, CheckpointPolicy)
         check_instance(self, "metrics", self.metrics, MetricsConfig)
+        check_bool(self, "accept_data_change", self.accept_data_change)
 
     def to_dict(self) -> tp.Dict[str, tp.Any]:
         """Plain JSON-ready values (the ledger records it). ``checkpoint.dir`` and ``checkpoint.keep_last``

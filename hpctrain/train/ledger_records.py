@@ -45,9 +45,16 @@ class AttemptRecords:
         """True once the start record is written: only an attempt that recorded a start records an end."""
 
     def start(
-        self, *, start_step: int, total: int, ckpt_dir: tp.Optional[Path], committed_at: tp.Optional[float]
+        self,
+        *,
+        start_step: int,
+        total: int,
+        ckpt_dir: tp.Optional[Path],
+        committed_at: tp.Optional[float],
+        identity: tp.Optional[tp.Mapping[str, tp.Any]] = None,
     ) -> None:
-        """``committed_at``: when the restored checkpoint was committed (``RestoreResult.committed_at``)."""
+        """``committed_at``: when the restored checkpoint was committed (``RestoreResult.committed_at``);
+        ``identity``: the attempt's identity fields (``RunIdentity.as_record``), carried as they are."""
         if self.ledger is None:
             return
         ctx, now = self.ctx, time.time()
@@ -81,6 +88,7 @@ class AttemptRecords:
             "signal_lead_s": lead_s,
             "warning": warning,
             "config": self.config.to_dict(),
+            **dict(identity or {}),
         }
         self.ledger.append(record)
         self.started = True

@@ -34,6 +34,7 @@ from hpctrain.train.display import IntervalDisplay
 from hpctrain.train.evaluation import EvalResult, Evaluator
 from hpctrain.train.ledger_records import AttemptProgress, AttemptRecords
 from hpctrain.train.metrics import MetricsRecorder, count_flops
+from hpctrain.train.provenance import record_training_identity
 from hpctrain.train.saving import Saver
 from hpctrain.train.stopping import Stopping, StopSignal
 
@@ -153,6 +154,8 @@ class Trainer:
         self.run_dir = Path(ctx.run_dir)
         self.rank, self.world_size = int(ctx.rank), int(ctx.world_size)
         self.display = IntervalDisplay(enabled=config.metrics.display and self.rank == 0)
+        self.identity: tp.Optional[tp.Dict[str, tp.Any]] = None
+        """This attempt's identity fields (rank 0, once ``fit`` recorded them; docs/bundle.md)."""
 
     # ------------------------------------------------------------------------------------ fit
     def fit(self) -> FitResult:
@@ -175,6 +178,9 @@ class Trainer:
         )
         status, error = "failed", ""
         try:
+            self.identity = record_training_identity(
+                self.ctx, self.run_dir, self.config, self.data, self.eval_data, rank=self.rank
+            )
             total = self._total_steps(built.loader)
             got = self._restore(built)
             start = got.step if got is not None else 0
@@ -254,7 +260,9 @@ class Trainer:
 
         ck_config = pol.checkpointer_config(RunDir(self.run_dir).checkpoints)  # dir None: the run's default
         b.ckpt_dir = Path(ck_config.dir)
-        b.ckpt = Checkpointer(ck_config, run_id=str(self.ctx.job_id or ""))
+        b.ckpt = Checkpointer(
+            ck_config, run_id=str(self.ctx.job_id or ""), identity=(self.identity or {}).get("identity") or ""
+        )
         if not pol.resume:
             return None
         got = b.ckpt.restore(
@@ -262,11 +270,23 @@ class Trainer:
         )
         if got is not None:
             if b.loader is not None:
-                b.loader.load_state_dict((got.data_state or {}).get("loader", {}))
+                self._restore_loader(b.loader, (got.data_state or {}).get("loader", {}))
             self.display.note(
                 f"hpctrain.train: resumed from step {got.step} (saved by {got.saved_world_size} ranks): {got.path}"
             )
         return got
+
+    def _restore_loader(self, loader: tp.Any, state: tp.Mapping[str, tp.Any]) -> None:
+        """The loader's position from the checkpoint; a changed dataset it cannot resume in (another sample
+        count, batch or seed) stops the run, unless the change was accepted: then the data order starts
+        afresh (the model and optimizer keep their restored state), and the log says so."""
+        try:
+            loader.load_state_dict(state)
+        except UsageError as exc:
+            if not self.config.accept_data_change:
+                raise
+            self.display.note(f"hpctrain.train: accepted data change: the data order starts afresh ({exc})")
+            loader.load_state_dict({})
 
     # ------------------------------------------------------------------------------- the loop
     def _train(
@@ -290,7 +310,11 @@ class Trainer:
             enabled=cfg.metrics.enabled,
             flops_per_sample=cfg.metrics.flops_per_sample,
             peak_flops_per_device=cfg.metrics.peak_flops_per_device,
-            static={"job_id": ctx.job_id, "restart_count": ctx.restart_count},
+            static={
+                "job_id": ctx.job_id,
+                "restart_count": ctx.restart_count,
+                "identity": (self.identity or {}).get("identity"),
+            },
         )
         try:
             rec.attach_ddp(b.model)
@@ -298,7 +322,9 @@ class Trainer:
             state = {"model": b.module, "optimizer": b.optimizer, "scheduler": b.scheduler, "scaler": b.scaler}
             saver = Saver(b.ckpt, pol, state=state, loader=b.loader, progress=progress)
             step, loss, eval_loss = start, None, None
-            records.start(start_step=start, total=total, ckpt_dir=b.ckpt_dir, committed_at=committed_at)
+            records.start(
+                start_step=start, total=total, ckpt_dir=b.ckpt_dir, committed_at=committed_at, identity=self.identity
+            )
             rec.start_interval(start)
             # a stop that came during start-up (restore, loader warm-up) is acted on before the first step
             stopped = self.stopping.poll(step)
