@@ -265,7 +265,9 @@ def _hash(args: argparse.Namespace) -> int:
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    parser = command_parser("data", "Inspect HDF5 inputs and synthesise demo datasets.")
+    parser = command_parser(
+        "data", "Inspect HDF5 inputs, hash them (the run identity's full content tier), and synthesise demo datasets."
+    )
     sub = add_subcommands(parser)
     p = sub.add_parser("inspect", help="keys, shapes, dtypes, chunking, compression, stripes, warnings")
     p.add_argument("files", nargs="+", metavar="FILE")
