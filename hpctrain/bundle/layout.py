@@ -29,6 +29,8 @@ import re
 import typing as tp
 from pathlib import Path
 
+from hpctrain.rundir import RunDir  # the run's own file names, kept in the bundle's run/ folder
+
 __all__ = ["BundleLayout", "BUNDLE_SCHEMA"]
 
 BUNDLE_SCHEMA = "hpctrain.bundle/1"
@@ -82,26 +84,26 @@ class BundleLayout:
 
     @property
     def submission(self) -> Path:
-        return self.root / self.RUN / "submission.json"
+        return self.root / self.RUN / RunDir.SUBMISSION
 
     def previous_submission(self, n: int) -> Path:
         return self.root / self.RUN / f"submission-{n}.json"
 
     @property
     def sbatch_script(self) -> Path:
-        return self.root / self.RUN / "sbatch.sh"
+        return self.root / self.RUN / RunDir.SBATCH
 
     @property
     def ledger(self) -> Path:
-        return self.root / self.RUN / "ledger.jsonl"
+        return self.root / self.RUN / RunDir.LEDGER
 
     @property
     def metrics(self) -> Path:
-        return self.root / self.RUN / "metrics.jsonl"
+        return self.root / self.RUN / RunDir.METRICS
 
     @property
     def approvals(self) -> Path:
-        return self.root / self.RUN / "approvals.jsonl"
+        return self.root / self.RUN / RunDir.APPROVALS
 
     @property
     def identity_submit(self) -> Path:
