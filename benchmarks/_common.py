@@ -1,17 +1,21 @@
 """What every benchmark here shares: where the repository is, the environment its child processes get,
-and how a whole command is timed (median of repeats: the machines are noisy, so the benchmarks print
-ratios of medians measured in the same run)."""
+how a whole command is timed (median of repeats: the machines are noisy, so the benchmarks print
+ratios of medians measured in the same run), a free local port for a process group, a cold page cache
+for one's own files, waiting for a Slurm job to leave the queue, and the JSON output every benchmark
+prints (and writes to ``--json PATH``), which ``benchmarks/run.py`` collects."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import statistics
 import subprocess
 import time
 import typing as tp
 from pathlib import Path
 
-__all__ = ["ROOT", "ENV", "wall"]
+__all__ = ["ROOT", "ENV", "wall", "free_port", "evict", "wait_job", "emit"]
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TORCH_CPP_LOG_LEVEL="ERROR")
@@ -25,3 +29,43 @@ def wall(argv: tp.Sequence[str], repeats: int, env: tp.Optional[tp.Mapping[str, 
         subprocess.run(list(argv), cwd=ROOT, env=dict(env or ENV), check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a local process group's MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def evict(path: tp.Union[str, Path]) -> None:
+    """Drop the pages of ``path`` (a file, or every file under a directory) from the page cache after an
+    fsync, so the next read is cold: no drop_caches, and nobody else's cache is touched."""
+    root = Path(path)
+    files = [Path(d, f) for d, _, names in os.walk(root) for f in names] if root.is_dir() else [root]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def wait_job(job_id: str, timeout: float = 300) -> None:
+    """Return once Slurm job ``job_id`` has left the queue (``squeue`` polled every 0.2 s); TimeoutError after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(job_id)
+
+
+def emit(result: tp.Any, path: tp.Union[str, Path, None]) -> None:
+    """A benchmark's output: ``result`` as indented JSON on stdout and, with ``--json PATH``, in PATH too."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")

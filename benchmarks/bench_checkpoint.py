@@ -41,7 +41,6 @@ import multiprocessing as mp
 import os
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -49,6 +48,8 @@ import typing as tp
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, evict, free_port  # noqa: E402
 
 
 def make_state(size_mb: float) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, tp.Any]]:
@@ -106,18 +107,6 @@ def _tensors(obj: tp.Any) -> tp.Iterator[tp.Any]:
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _tensors(v)
-
-
-def evict(root: Path) -> None:
-    """Drop the (clean, fsynced) pages of our files from the page cache: a cold read without drop_caches."""
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -354,9 +343,7 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
 
     base.mkdir(parents=True, exist_ok=True)
     args.dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=base)).resolve()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = args.dir / "result.json"
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, str(out))) for r in range(args.world)]
@@ -451,10 +438,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
             return 1
         results["tmpfs" if str(d.resolve()).startswith("/dev/shm") else ("disk" if len(dirs) < 3 else str(d))] = r
     final = next(iter(results.values())) if len(results) == 1 else results
-    text = json.dumps(final, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(final, args.json)
     return 0
 
 

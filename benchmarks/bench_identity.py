@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ENV, ROOT  # noqa: E402
+from _common import ENV, ROOT, emit, evict  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
@@ -49,16 +49,6 @@ def sh(cmd: str, cwd: Path) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, shell=True, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
-
-
-def evict(path: Path) -> None:
-    """Drop ``path``'s pages from the page cache (this file only)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def make_repo(root: Path, files: int) -> None:
@@ -258,9 +248,7 @@ def main() -> int:
         os.chdir(ROOT)
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    emit(report, args.json)
     return 0
 
 

@@ -32,6 +32,9 @@ import typing as tp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import emit  # noqa: E402
 
 from hpctrain.data import (  # noqa: E402
     H5DataConfig,
@@ -344,11 +347,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         out["rss_growth_10x"] = rss10 / rss1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(out, args.json)
     return 0
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ENV, ROOT, wall  # noqa: E402
+from _common import ENV, ROOT, emit, wait_job, wall  # noqa: E402
 
 RAW_RANK = textwrap.dedent(
     """
@@ -42,15 +42,6 @@ RAW_RANK = textwrap.dedent(
     dist.barrier(); dist.destroy_process_group()
     """
 )
-
-
-def wait_job(job_id: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
-            return
-        time.sleep(0.2)
-    raise TimeoutError(job_id)
 
 
 def hpctrain_startup(tmp: Path, i: int) -> float:
@@ -140,10 +131,7 @@ def main() -> int:
             startup_samples_hpctrain=[round(x, 2) for x in hp],
             startup_samples_raw=[round(x, 2) for x in raw],
         )
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(result, args.json)
     return 0
 
 
