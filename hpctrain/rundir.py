@@ -166,6 +166,23 @@ class RunDir:
     def approvals(self) -> Path:
         return self.root / self.APPROVALS
 
+    @property
+    def report(self) -> Path:
+        """``python -m hpctrain report``'s default output: one self-contained HTML page."""
+        return self.root / "report.html"
+
+    @property
+    def tensorboard(self) -> Path:
+        """``python -m hpctrain export-tensorboard``'s default output: a TensorBoard log directory."""
+        return self.root / "tensorboard"
+
+    @property
+    def reproduced_code(self) -> Path:
+        """A run made by ``python -m hpctrain reproduce``: the code rebuilt from the bundle's snapshot (one tree
+        per repository, the entry runs from it) and the reproduction's record (:mod:`hpctrain.bundle.reproduce`
+        names what is inside)."""
+        return self.root / "code"
+
 
 def dumps_record(record: tp.Mapping[str, tp.Any]) -> str:
     """One record as one line of standard JSON: NaN/inf become null (Python's default writes tokens no

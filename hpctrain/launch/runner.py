@@ -77,8 +77,12 @@ class Runner:
         max_requeues: int = DEFAULT_MAX_REQUEUES,
         signal_lead_s: float = 0.0,
         time_limit_s: tp.Optional[float] = None,
+        code_path: tp.Optional[str] = None,
     ) -> None:
+        """``code_path``: a directory put first on ``sys.path`` before anything of the entry is looked up (its
+        module, the identity capture), so that the entry runs from that tree ahead of anything installed."""
         split_entry(entry)
+        self.code_path = None if code_path is None else str(code_path)
         self.entry = entry
         self.run_dir = str(run_dir)
         self.entry_args = tuple(entry_args)
@@ -93,6 +97,9 @@ class Runner:
 
     def __call__(self) -> tp.Any:
         started = time.time()  # before torch is imported: the records show what start-up costs
+        code_path = getattr(self, "code_path", None)  # absent from a Runner pickled by an older hpctrain
+        if code_path and sys.path[:1] != [code_path]:
+            sys.path.insert(0, code_path)
         from hpctrain.runtime.preemption import StopSignals
 
         # First, before the slow imports and the rendezvous: a signal during start-up is recorded, not lost

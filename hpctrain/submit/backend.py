@@ -126,6 +126,7 @@ def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
         max_requeues=cfg.max_requeues,
         signal_lead_s=cfg.signal_lead_s,
         time_limit_s=cfg.time_min * 60,
+        code_path=cfg.code_path,
     )
 
 

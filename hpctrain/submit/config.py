@@ -109,6 +109,10 @@ class SubmitConfig:
     require_clean: bool = False
     """Refuse to submit from a git tree with uncommitted or untracked files (``--require-clean``,
     ``[run] require_clean``): the error names the dirty files."""
+    code_path: tp.Optional[str] = None
+    """A directory the Runner puts first on ``sys.path`` on every task before it imports the entry, so that the
+    entry runs from that tree ahead of anything installed (``[job] code_path``; ``python -m hpctrain reproduce``
+    sets it to the code it rebuilt from a bundle's snapshot)."""
 
     def __post_init__(self) -> None:
         for name in ("time", "mem"):  # `time = 30` in TOML means 30 minutes, as in Slurm
@@ -147,6 +151,9 @@ class SubmitConfig:
                 raise UsageError(
                     f"--{name} {shorten(repr(value))} has characters Slurm does not accept in a {name} name"
                 )
+        check_str(self, "code_path", self.code_path, none_ok=True)
+        if self.code_path is not None and (not Path(self.code_path).is_absolute() or _CONTROL.search(self.code_path)):
+            raise UsageError(f"[job] code_path {shorten(repr(self.code_path))} must be an absolute path on one line")
         if self.run_dir is not None and (_CONTROL.search(self.run_dir) or "%" in self.run_dir):
             raise UsageError(
                 f"--run-dir {shorten(repr(self.run_dir))} must be one line without '%' (Slurm expands % in log paths)"
