@@ -383,6 +383,7 @@ def capture_start(
     launcher: tp.Optional[str] = None,
     backend: tp.Optional[str] = None,
     device: tp.Optional[str] = None,
+    cpu_threads: tp.Optional[int] = None,
     git: tp.Optional[Git] = None,
 ) -> tp.Dict[str, tp.Any]:
     """Capture this attempt's manifest on rank 0 (torch is probed) and write ``RunDir.identity_attempt``.
@@ -416,6 +417,9 @@ def capture_start(
             "world_size": world_size,
             "hostnames": list(hostnames),
             "pid": os.getpid(),
+            # CPU threads per rank: the order of a CPU reduction's partial sums, so the last bits of a CPU
+            # loss curve (reproduce gives the job the same count)
+            "cpu_threads": cpu_threads,
         },
         "code": code,
         "config": {

@@ -49,6 +49,16 @@ def load_entry(entry: str) -> tp.Callable[..., tp.Any]:
     return tp.cast(tp.Callable[..., tp.Any], obj)
 
 
+def _torch_threads() -> tp.Optional[int]:
+    """The intra-op CPU threads of this process (set by ``process_group.set_cpu_threads``)."""
+    try:
+        import torch
+
+        return int(torch.get_num_threads())
+    except Exception:  # noqa: BLE001 - a record field, never a reason to fail
+        return None
+
+
 def _local_address(master_addr: str, port: int) -> str:
     """The address this host uses to reach the master: proves which network a task sits on."""
     try:
@@ -222,6 +232,7 @@ class Runner:
                 launcher=ctx.launcher,
                 backend=ctx.backend,
                 device=str(ctx.device),
+                cpu_threads=_torch_threads(),
             )
         except Exception as exc:
             print(f"hpctrain: warning: run identity not captured: {type(exc).__name__}: {exc}", flush=True)
