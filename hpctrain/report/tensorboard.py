@@ -1,0 +1,252 @@
+"""``python -m hpctrain export-tensorboard RUN_DIR [-o DIR] [--overwrite]``: the metrics as TensorBoard scalars.
+
+Every interval and eval record of ``RUN_DIR/train/metrics.jsonl`` (sanitised against the status schemas, as
+the report reads them: :func:`hpctrain.report.gather.read_metrics`) becomes scalars with the record's step as
+x and its time as the event's wall time, written with the ``tensorboard`` package's own writer
+(``tensorboard.summary.Writer``: numpy and protobuf, no torch, no TensorFlow; install it with
+``pip install 'hpctrain[tensorboard]'``). ``tensorboard --logdir DIR`` then works on the cluster or on an
+rsynced copy, offline.
+
+A restart redoes the steps after its checkpoint: a record whose step is not past the previous one supersedes
+the earlier records from that step on (what TensorBoard itself does with "orphaned" data), so each tag
+holds one value per step, the one the final model's history went through. The event file is written in a
+hidden directory beside DIR and moved in when complete; an earlier export's event files in DIR are an error
+(exit 2) unless ``--overwrite``, which removes them (only ``events.out.tfevents.*`` files).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+import typing as tp
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain._cli import command_parser
+from hpctrain._files import shorten
+from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.rundir import RunDir
+
+__all__ = ["main", "export", "ExportResult", "INTERVAL_TAGS", "EVAL_TAGS", "EVENT_PREFIX"]
+
+EVENT_PREFIX = "events.out.tfevents."
+
+_PARTS = (
+    ("step_s", "step"),
+    ("data_wait_s", "data_wait"),
+    ("forward_backward_s", "forward_backward"),
+    ("grad_comm_exposed_s", "grad_comm_exposed"),
+    ("optimizer_s", "optimizer"),
+    ("checkpoint_s", "checkpoint"),
+)
+
+
+def _median_ms(part: str) -> tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]]:
+    def get(rec: tp.Mapping[str, tp.Any]) -> tp.Optional[float]:
+        stats = (rec.get("per_step") or {}).get(part) if isinstance(rec.get("per_step"), dict) else None
+        value = stats.get("median") if isinstance(stats, dict) else None
+        return 1e3 * value if value is not None else None
+
+    return get
+
+
+def _field(name: str, scale: float = 1.0) -> tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]]:
+    def get(rec: tp.Mapping[str, tp.Any]) -> tp.Optional[float]:
+        value = rec.get(name)
+        return scale * value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    return get
+
+
+INTERVAL_TAGS: tp.Tuple[tp.Tuple[str, tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]], str], ...] = (
+    ("train/loss", _field("loss"), "mean training loss of the log interval over its steps and all ranks"),
+    ("train/lr", _field("lr"), "learning rate of the first parameter group"),
+    ("throughput/samples_per_s", _field("samples_per_s"), "samples of all ranks / the slowest rank's interval time"),
+    ("throughput/mfu", _field("mfu"), "model FLOPs utilisation: achieved FLOP/s per device / the device's peak"),
+    ("throughput/flops_per_s", _field("flops_per_s"), "achieved FLOP/s of all ranks"),
+    ("throughput/data_wait_frac", _field("data_wait_frac"), "data wait / step time, summed over ranks"),
+    *(
+        (f"step_time_ms/{name}", _median_ms(part), f"median over ranks of each rank's mean {name} time per step, ms")
+        for part, name in _PARTS
+    ),
+)
+"""``(tag, value of a sanitised interval record or None, description)`` of every scalar an interval gives."""
+
+EVAL_TAGS: tp.Tuple[tp.Tuple[str, tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]], str], ...] = (
+    ("eval/loss", _field("loss"), "mean evaluation loss over ranks (an interrupted evaluation: fewer batches)"),
+)
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    event_file: Path
+    intervals: int = 0
+    evals: int = 0
+    scalars: int = 0
+    tags: tp.Set[str] = field(default_factory=set)
+    superseded: int = 0
+    """Records left out because a restart redid their steps."""
+    untimed: int = 0
+    """Records left out because their time is unknown (damaged)."""
+    replaced: int = 0
+    """Event files of an earlier export removed (``--overwrite``)."""
+    first_step: tp.Optional[int] = None
+    last_step: tp.Optional[int] = None
+    notes: tp.List[str] = field(default_factory=list)
+
+
+def _latest_per_step(records: tp.List[tp.Dict[str, tp.Any]]) -> tp.Tuple[tp.List[tp.Dict[str, tp.Any]], int]:
+    """The records (interval and eval, in file order) without those a restart superseded: a record whose step
+    is before the newest one kept, or not after the previous record of its own kind, starts a redo, and every
+    kept record (of either kind) at or after its step is dropped (TensorBoard's own purge of orphaned data)."""
+    kept: tp.List[tp.Dict[str, tp.Any]] = []
+    last: tp.Dict[tp.Any, int] = {}
+    dropped = 0
+    for rec in records:
+        step, kind = rec["step"], rec.get("kind")
+        if kept and (step < kept[-1]["step"] or step <= last.get(kind, -1)):
+            while kept and kept[-1]["step"] >= step:  # kept is ordered by step: every append is >= the rest
+                last.pop(kept.pop().get("kind"), None)
+                dropped += 1
+            for r in kept:  # the newest remaining record of each kind
+                last[r.get("kind")] = r["step"]
+        kept.append(rec)
+        last[kind] = step
+    return kept, dropped
+
+
+def _event_files(path: Path) -> tp.List[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.name.startswith(EVENT_PREFIX) and p.is_file())
+    except FileNotFoundError:
+        return []
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    shown = shorten(os.fspath(out), 300)
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        if not out.parent.is_dir():
+            raise UsageError(f"-o {shown}: its parent directory does not exist") from None
+        return
+    except OSError as exc:
+        raise UsageError(f"-o {shown}: cannot open it ({exc.strerror or exc})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"-o {shown}: exists and is not a directory")
+    if _event_files(out) and not overwrite:
+        raise UsageError(
+            f"-o {shown}: already holds TensorBoard event files (an earlier export?); "
+            "pass --overwrite to replace them, or choose another directory"
+        )
+
+
+def export(
+    run_dir: tp.Union[str, "os.PathLike[str]"],
+    out: tp.Optional[tp.Union[str, "os.PathLike[str]"]] = None,
+    *,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Write the metrics of ``run_dir`` as TensorBoard scalars into ``out`` (default ``RUN_DIR/tensorboard``)."""
+    from hpctrain.report.gather import check_run_dir, read_metrics
+
+    root = check_run_dir(run_dir)
+    notes: tp.List[str] = []
+    intervals, evals = read_metrics(RunDir(root), notes)
+    if not intervals and not evals:
+        raise UsageError(
+            f"RUN_DIR {shorten(os.fspath(root), 300)} holds no metrics records ({RunDir.TRAIN}/{RunDir.METRICS}); "
+            "nothing to export"
+        )
+    out_path = Path(out) if out is not None else RunDir(root).tensorboard
+    _check_out(out_path, overwrite)
+    try:
+        from tensorboard.summary import Writer
+    except ImportError as exc:
+        raise HpctrainError(
+            f"the tensorboard package is not installed ({exc}); pip install 'hpctrain[tensorboard]'"
+        ) from None
+
+    timed = sorted((r for r in intervals + evals if r.get("time") is not None), key=lambda r: r["_seq"])
+    untimed = len(intervals) + len(evals) - len(timed)
+    kept, superseded = _latest_per_step(timed)
+    kept_i = [r for r in kept if r.get("kind") == "interval"]
+    kept_e = [r for r in kept if r.get("kind") == "eval"]
+
+    tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    result = ExportResult(out=out_path, event_file=out_path, superseded=superseded, untimed=untimed, notes=notes)
+    try:
+        tmp.mkdir()
+        writer = Writer(os.fspath(tmp))
+        described: tp.Set[str] = set()
+        for records, tags in ((kept_i, INTERVAL_TAGS), (kept_e, EVAL_TAGS)):
+            for rec in records:
+                for tag, get, description in tags:
+                    value = get(rec)
+                    if value is None:
+                        continue
+                    writer.add_scalar(
+                        tag,
+                        value,
+                        rec["step"],
+                        wall_time=float(rec["time"]),
+                        description=None if tag in described else description,
+                    )
+                    described.add(tag)
+                    result.scalars += 1
+                    result.tags.add(tag)
+        writer.close()
+        written = _event_files(tmp)
+        if len(written) != 1:  # pragma: no cover - the writer makes exactly one
+            raise HpctrainError(f"the TensorBoard writer left {len(written)} event files in {tmp}")
+        old = _event_files(out_path)
+        out_path.mkdir(exist_ok=True)
+        result.event_file = out_path / written[0].name
+        os.replace(written[0], result.event_file)
+        for p in old:
+            if p != result.event_file:
+                p.unlink(missing_ok=True)
+                result.replaced += 1
+    except OSError as exc:
+        where = shorten(os.fspath(exc.filename), 300) if exc.filename else os.fspath(out_path)
+        raise HpctrainError(f"cannot write the event file to {where}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result.intervals, result.evals = len(kept_i), len(kept_e)
+    steps = [r["step"] for r in kept_i + kept_e]
+    result.first_step, result.last_step = (min(steps), max(steps)) if steps else (None, None)
+    return result
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    parser = command_parser(
+        "export-tensorboard",
+        "Write a run's interval and eval records as TensorBoard scalars (loss, eval loss, lr, samples/s, MFU, "
+        "FLOP/s, data-wait fraction, the per-step part medians): the step is x, the record's time the wall time. "
+        "Needs the tensorboard package (pip install 'hpctrain[tensorboard]'); never torch.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (hpctrain.submit --run-dir)")
+    parser.add_argument("-o", "--output", metavar="DIR", help="log directory to write (default RUN_DIR/tensorboard)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the event files of an earlier export in DIR")
+    args = parser.parse_args(argv)
+    res = export(args.run_dir, args.output, overwrite=args.overwrite)
+    from hpctrain.report.svg import plain
+
+    span = f"steps {res.first_step}..{res.last_step}" if res.first_step is not None else "no steps"
+    print(
+        f"tensorboard {res.out}: {res.scalars} scalars in {len(res.tags)} tags from {res.intervals} interval and "
+        f"{res.evals} eval record(s), {span} -> {res.event_file.name}"
+    )
+    if res.superseded:
+        print(f"  {res.superseded} record(s) superseded by a restart that redid their steps were left out")
+    if res.untimed:
+        print(f"  {res.untimed} record(s) without a usable time were left out")
+    if res.replaced:
+        print(f"  {res.replaced} event file(s) of an earlier export replaced")
+    for note in res.notes[:5]:
+        print(f"  note: {plain(note, 200)}")
+    print(f"  view: tensorboard --logdir {res.out}")
+    return 0
