@@ -17,16 +17,24 @@ from hpctrain._cli import EXIT_USAGE, run_main
 COMMANDS: tp.Dict[str, tp.Tuple[str, str]] = {
     "submit": ("hpctrain.submit.cli", "submit a training job to Slurm (or run it locally)"),
     "ckpt": ("hpctrain.ckpt.cli", "list, verify, digest and clean checkpoints"),
-    "data": ("hpctrain.data.cli", "inspect HDF5 inputs and synthesise demo datasets"),
+    "data": ("hpctrain.data.cli", "inspect, hash and synthesise HDF5 inputs"),
     "status": ("hpctrain.status.cli", "where a training run stands: job, progress, throughput, checkpoints, ledger"),
+    "capacity": (
+        "hpctrain.capacity.cli",
+        "nodes, time to train, GPU-hours, checkpoint interval: predicted from calibration runs",
+    ),
     "approve": ("hpctrain.approvals", "approve or reject a committed checkpoint in the run's hash-chained log"),
     "bundle": ("hpctrain.bundle.cli", "write a run's recoverable bundle (RO-Crate), or verify one"),
+    "report": ("hpctrain.report.cli", "one self-contained HTML report of a run: curves, breakdown, ranks, ledger"),
+    "export-tensorboard": ("hpctrain.report.tensorboard", "write a run's metrics as TensorBoard event files"),
+    "reproduce": ("hpctrain.bundle.reproduce", "rebuild a bundled run, submit it again, compare its loss"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: python -m hpctrain <command> [args...]", "", "commands:"]
-    lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", "python -m hpctrain <command> --help for the command's own flags"]
     return "\n".join(lines)
 

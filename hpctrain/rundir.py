@@ -20,6 +20,7 @@ checkpoint directory are the one exception: :mod:`hpctrain.ckpt._format` owns th
     RUN_DIR/identity/<job>-r<restart>.json      the same, written again by rank 0 at every start
     RUN_DIR/identity/code.tar.gz                the code snapshot taken at submit (git archive + diff + untracked)
     RUN_DIR/identity/data-cache.json            content-tier data fingerprints, keyed by their cheap tier
+    RUN_DIR/capacity/allreduce.json             a calibration run's all-reduce timings (hpctrain.capacity)
     RUN_DIR/approvals.jsonl                     the append-only, hash-chained approval log
 
 Records are read through :func:`read_json` and :func:`read_jsonl`, which never block on a FIFO, never
@@ -161,6 +162,11 @@ class RunDir:
     @property
     def data_cache(self) -> Path:
         return self.identity / "data-cache.json"
+
+    @property
+    def capacity_probe(self) -> Path:
+        """The all-reduce timings ``hpctrain.capacity.probe`` measures in a calibration run."""
+        return self.root / "capacity" / "allreduce.json"
 
     @property
     def approvals(self) -> Path:

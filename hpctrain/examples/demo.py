@@ -26,6 +26,11 @@ from hpctrain.errors import UsageError
 __all__ = ["main"]
 
 
+def _minutes(text: str) -> tp.Union[float, str]:
+    """``--ckpt-minutes``: a number of minutes, or ``auto``."""
+    return "auto" if text == "auto" else float(text)
+
+
 def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hpctrain.examples.demo")
     p.add_argument("--steps", type=int, default=50, help="total optimizer steps (a resumed run counts from its ckpt)")
@@ -42,7 +47,12 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=10, help="label classes in --data")
     p.add_argument("--workers", type=int, default=2, help="loader worker processes per rank (with --data)")
     p.add_argument("--ckpt-every", type=int, default=0, help="save a checkpoint every N steps (0: not by steps)")
-    p.add_argument("--ckpt-minutes", type=float, default=0.0, help="save every M minutes (0: not by time)")
+    p.add_argument(
+        "--ckpt-minutes",
+        type=_minutes,
+        default=0.0,
+        help='save every M minutes (0: not by time; "auto": the Young/Daly interval for the measured save cost)',
+    )
     p.add_argument("--ckpt-dir", help="checkpoint directory (default: RUN_DIR/checkpoints); a run resumes from it")
     p.add_argument("--keep", type=int, default=2, help="committed checkpoints to keep")
     p.add_argument("--log-every", type=int, default=10, help="steps per metrics interval")

@@ -14,6 +14,7 @@ import typing as tp
 from dataclasses import asdict, dataclass, field
 
 from hpctrain._validate import check_bool, check_choice, check_instance, check_int, check_number
+from hpctrain.capacity.model import DEFAULT_MTBF_NODE_HOURS
 from hpctrain.ckpt.config import CheckpointConfig, check_field
 from hpctrain.errors import UsageError
 
@@ -42,9 +43,16 @@ class CheckpointPolicy:
 
     every_steps: int = 0
     """Save every N optimizer steps (0 = not by step count)."""
-    every_minutes: float = 0.0
+    every_minutes: tp.Union[float, str] = 0.0
     """Save when this many minutes passed since the last save (0 = not by time). Rank 0's clock decides,
-    at the next log interval, so that every rank saves at the same step."""
+    at the next log interval, so that every rank saves at the same step. ``"auto"``: the interval Young/Daly
+    gives (Daly's higher-order form, :func:`hpctrain.capacity.model.daly_interval`) for the save cost measured
+    in this attempt (the mean of its last saves' stall; 1 s until the first is measured) and the job's MTBF,
+    ``mtbf_node_hours`` / nodes; recomputed after every save (docs/capacity.md)."""
+    mtbf_node_hours: float = DEFAULT_MTBF_NODE_HOURS
+    """Hours between unplanned failures of one node, for ``every_minutes="auto"``. Default about 3692 h: the
+    6.50 failures per 1000 node-days of Meta's RSC-1 (Kokolis et al., HPCA 2025), a 512-node job failing
+    every ~7 h."""
     async_save: bool = True
     """Periodic saves return after copying the state to host memory; a background thread writes it.
     The final save (end of training or stop) always blocks until committed."""
@@ -67,7 +75,9 @@ class CheckpointPolicy:
 
     def __post_init__(self, dir: tp.Optional[PathLike], keep_last: tp.Optional[int]) -> None:
         check_int(self, "every_steps", self.every_steps, min=0, hint="0 = not by step count")
-        check_number(self, "every_minutes", self.every_minutes, min=0, hint="0 = not by time")
+        if self.every_minutes != "auto":
+            check_number(self, "every_minutes", self.every_minutes, min=0, hint='0 = not by time, or "auto"')
+        check_number(self, "mtbf_node_hours", self.mtbf_node_hours, above=0, hint="hours between failures of a node")
         check_bool(self, "async_save", self.async_save)
         check_bool(self, "resume", self.resume)
         check_instance(self, "config", self.config, CheckpointConfig, none_ok=True)

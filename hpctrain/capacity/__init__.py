@@ -1,0 +1,29 @@
+"""Capacity from measurements: how many nodes, how long, how many GPU-hours, how often to checkpoint, what
+failures cost and what limits a run, predicted from calibration runs' own records (docs/capacity.md).
+
+Login-node code (never imports torch; the plot needs the optional matplotlib). For other tools (the run
+report):
+
+* :func:`capacity_report` ``(run_dirs, targets=None) -> dict``: the table and everything behind it, the
+  ``python -m hpctrain capacity --json`` object (schema ``hpctrain.capacity/1``);
+* :func:`render_plot` ``(report, fmt="svg"|"png") -> bytes``: the plot of such a report;
+* :class:`Targets`: what to predict for; :func:`read_calibrations`: one run directory's measurements.
+
+The arithmetic is :mod:`hpctrain.capacity.model` (also the Trainer's ``every_minutes="auto"``).
+"""
+
+from __future__ import annotations
+
+from hpctrain.capacity.calibration import Calibration, read_calibrations
+from hpctrain.capacity.plot import PlotUnavailable, render_plot
+from hpctrain.capacity.predict import SCHEMA, Targets, capacity_report
+
+__all__ = [
+    "SCHEMA",
+    "Calibration",
+    "PlotUnavailable",
+    "Targets",
+    "capacity_report",
+    "read_calibrations",
+    "render_plot",
+]

@@ -1,0 +1,357 @@
+"""``python -m hpctrain capacity RUN_DIR [RUN_DIR...] [targets] [--json] [--plot FILE]`` (login node, no torch).
+
+How many nodes to ask for, how long the run takes, how many GPU-hours, how often to checkpoint, what
+failures cost and what limits the run, predicted from calibration runs' own measurements
+(docs/capacity.md). ``--calibrate`` first submits short calibration runs of an entry (through
+``python -m hpctrain.submit``, with the all-reduce probe of :mod:`hpctrain.capacity.probe`) and then
+predicts from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import subprocess
+import sys
+import typing as tp
+from pathlib import Path
+
+from hpctrain._cli import EXIT_OK, add_json_flag, command_parser
+from hpctrain._files import shorten
+from hpctrain.errors import HpctrainError, UsageError
+
+__all__ = ["main", "build_parser", "calibrate", "format_table"]
+
+GB = 1e9
+
+
+def _nodes(text: str) -> tp.Tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(
+            f"--nodes {shorten(text)!r} is not a comma-separated list of integers (e.g. 1,8,64,512)"
+        ) from None
+    if not values or any(v < 1 or v > 10_000_000 for v in values):
+        raise UsageError(f"--nodes {shorten(text)!r}: node counts must be integers from 1 to 10000000")
+    return values
+
+
+def _positive(flag: str) -> tp.Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{flag} {shorten(text)!r} is not a number") from None
+        if not math.isfinite(value) or value <= 0:
+            raise UsageError(f"{flag} {shorten(text)!r} must be a number > 0")
+        return value
+
+    return parse
+
+
+def _nonneg(flag: str) -> tp.Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{flag} {shorten(text)!r} is not a number") from None
+        if not math.isfinite(value) or value < 0:
+            raise UsageError(f"{flag} {shorten(text)!r} must be a number >= 0")
+        return value
+
+    return parse
+
+
+def _limit(text: str) -> float:
+    from hpctrain._slurm import parse_time
+
+    return float(parse_time(text, "--time-limit"))
+
+
+def _sizes(text: str) -> tp.List[tp.Tuple[int, int]]:
+    """``1,2,2x2`` -> [(nodes, ranks per node)]: ``W`` is W nodes of one rank (GPUs: see --gpus-per-node)."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            if "x" in item:
+                n, r = item.split("x", 1)
+                out.append((int(n), int(r)))
+            elif item:
+                out.append((int(item), 0))
+        except ValueError:
+            raise UsageError(f"--calibrate {shorten(text)!r}: give world sizes or NODESxRANKS, e.g. 1,2,2x2") from None
+    if not out or any(n < 1 or r < 0 for n, r in out):
+        raise UsageError(f"--calibrate {shorten(text)!r}: give world sizes or NODESxRANKS, e.g. 1,2,2x2")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = command_parser(
+        "capacity",
+        "Predict step time, time to train, GPU-hours, the checkpoint interval, failure costs and the bounding "
+        "resource at each node count, from calibration runs' own measurements (docs/capacity.md).",
+        epilog="examples:\n"
+        "  python -m hpctrain capacity runs/cal-w1 runs/cal-w2 --nodes 1,8,64,512 --epochs 90\n"
+        "  python -m hpctrain capacity --calibrate 1,2 --entry mypkg.train:main -- --steps 300\n",
+    )
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="calibration run directories (several world sizes)")
+    t = p.add_argument_group("targets")
+    t.add_argument("--nodes", type=_nodes, help="node counts to predict (default 1,2,4,...,512)")
+    t.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the calibration's)")
+    size = t.add_mutually_exclusive_group()
+    size.add_argument("--samples", type=_positive("--samples"), help="samples to train on")
+    size.add_argument("--epochs", type=_positive("--epochs"), help="passes over the dataset")
+    batch = t.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch", type=_positive("--global-batch"), help="global batch kept at every size")
+    batch.add_argument("--local-batch", type=_positive("--local-batch"), help="per-rank batch kept at every size")
+    t.add_argument("--peak-flops", type=_positive("--peak-flops"), help="peak FLOP/s of one GPU (e.g. 989e12)")
+    t.add_argument("--busbw", type=_positive("--busbw"), help="all-reduce bus bandwidth between nodes, GB/s")
+    t.add_argument("--latency-us", type=_nonneg("--latency-us"), help="all-reduce latency per message round, us")
+    t.add_argument("--read-bw", type=_positive("--read-bw"), help="filesystem aggregate read bandwidth, GB/s")
+    t.add_argument("--write-bw", type=_positive("--write-bw"), help="filesystem aggregate write bandwidth, GB/s")
+    fail = t.add_mutually_exclusive_group()
+    fail.add_argument("--mtbf-node-hours", type=_positive("--mtbf-node-hours"), help="hours between failures of a node")
+    fail.add_argument("--failure-rate", type=_positive("--failure-rate"), help="failures per 1000 node-days")
+    t.add_argument("--time-limit", type=_limit, help="the partition's time limit (HH:MM:SS, D-HH:MM:SS)")
+    t.add_argument("--queue-wait", type=_nonneg("--queue-wait"), help="seconds queued per job and requeue")
+    o = p.add_argument_group("output")
+    add_json_flag(o)
+    o.add_argument("--plot", metavar="FILE", help="write the plot (.png or .svg; needs matplotlib: hpctrain[plot])")
+    c = p.add_argument_group("calibration runs (submitted first, through python -m hpctrain.submit)")
+    c.add_argument(
+        "--calibrate", type=_sizes, metavar="SIZES", help="world sizes to calibrate at: 1,2 or 2x2 (nodes x ranks)"
+    )
+    c.add_argument("--entry", help="the training entry to calibrate (package.module:function); its args after --")
+    c.add_argument("--calibrate-dir", default="runs/capacity", help="where the calibration run dirs go")
+    c.add_argument(
+        "--submit-args", default="", help="extra submit flags, one string (e.g. '--partition gpu --time 15')"
+    )
+    return p
+
+
+def _targets(ns: argparse.Namespace) -> tp.Any:
+    from hpctrain.capacity.predict import DEFAULT_NODES, Targets
+
+    def gb(x: tp.Optional[float]) -> tp.Optional[float]:
+        return x * GB if x is not None else None
+
+    return Targets(
+        nodes=ns.nodes or DEFAULT_NODES,
+        gpus_per_node=ns.gpus_per_node,
+        samples=ns.samples,
+        epochs=ns.epochs,
+        global_batch=ns.global_batch,
+        local_batch=ns.local_batch,
+        peak_flops=ns.peak_flops,
+        busbw=gb(ns.busbw),
+        latency_s=ns.latency_us * 1e-6 if ns.latency_us is not None else None,
+        read_bw=gb(ns.read_bw),
+        write_bw=gb(ns.write_bw),
+        mtbf_node_hours=ns.mtbf_node_hours,
+        failure_rate=ns.failure_rate,
+        time_limit_s=ns.time_limit,
+        queue_wait_s=ns.queue_wait,
+    )
+
+
+def calibrate(
+    sizes: tp.Sequence[tp.Tuple[int, int]],
+    *,
+    entry: str,
+    entry_args: tp.Sequence[str],
+    out_dir: tp.Union[str, "os.PathLike[str]"],
+    gpus_per_node: tp.Optional[int] = None,
+    submit_args: tp.Sequence[str] = (),
+    echo: tp.Callable[[str], None] = print,
+) -> tp.List[Path]:
+    """Submit one calibration run per size through ``python -m hpctrain.submit --follow`` (the entry wrapped
+    in the all-reduce probe) and wait for each; a run directory that already holds metrics is reused.
+    ``sizes``: ``(nodes, ranks per node)``; ranks 0 means one rank per node (a CPU job) or, with
+    ``gpus_per_node``, that many GPUs per node. Returns the run directories."""
+    from hpctrain._entry import split_entry
+
+    split_entry(entry)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dirs = []
+    for nodes, ranks in sizes:
+        per_node = ranks or gpus_per_node or 1
+        label = f"n{nodes}x{per_node}"
+        run_dir = out / label
+        dirs.append(run_dir)
+        if (run_dir / "train" / "metrics.jsonl").exists():
+            echo(f"calibration {label}: reusing {run_dir}")
+            continue
+        placement = ["--gpus-per-node", str(per_node)] if gpus_per_node else ["--tasks-per-node", str(per_node)]
+        argv = [sys.executable, "-m", "hpctrain.submit", "--nodes", str(nodes), *placement]
+        argv += ["--job-name", f"capacity-{label}", "--run-dir", str(run_dir), "--follow", *submit_args]
+        argv += ["--entry", "hpctrain.capacity.probe:main", "--", "--entry", entry, "--", *entry_args]
+        log = out / f"{label}.log"
+        echo(f"calibration {label}: {nodes} node(s) x {per_node} rank(s) -> {run_dir} (log {log})")
+        with open(log, "wb") as f:
+            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        if rc != 0:
+            raise HpctrainError(f"calibration run {label} failed (submit exit {rc}); see {log}")
+    return dirs
+
+
+def _ms(x: tp.Optional[float]) -> str:
+    return "?" if x is None else f"{x * 1e3:.3g}"
+
+
+def _dur(seconds: tp.Optional[float]) -> str:
+    from hpctrain.capacity.predict import _dur as dur
+
+    if seconds is None or not math.isfinite(seconds):
+        return "never"
+    return dur(seconds)
+
+
+def format_table(report: tp.Mapping[str, tp.Any]) -> tp.Any:
+    """The report's rows as a rich Table."""
+    from rich.table import Table
+
+    peak = report["model"]["peak_flops"]["value"]
+    table = Table(
+        title="predicted per node count (step, data wait, compute, comm: ms per step; ckpt: Daly's interval)",
+        title_justify="left",
+    )
+    cols = ["nodes", "GPUs", "step", "data", "compute", "comm", "samples/s", "E(N)"]
+    cols += ["MFU"] if peak else []
+    cols += ["train", "wall", "GPU-h", "ckpt", "ETTR", "jobs", "bound"]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "bound" else "right")
+    for r in report["rows"]:
+        if not r.get("feasible"):
+            table.add_row(str(r["nodes"]), str(r["gpus"]), *["-"] * (len(cols) - 3), "infeasible")
+            continue
+        p = r["parts"]
+        ck = r["checkpoint"]
+        cells = [str(r["nodes"]), str(r["gpus"]), _ms(r["step_s"]), _ms(p["data_wait_s"]), _ms(p["compute_s"])]
+        cells += [_ms(p["comm_s"]), f"{r['samples_per_s']:,.0f}", f"{r['efficiency']:.2f}" if r["efficiency"] else "?"]
+        if peak:
+            cells.append(f"{r['mfu']:.0%}" if r.get("mfu") is not None else "?")
+        cells += [_dur(r["train_s"]), _dur(r["wall_s"])]
+        cells.append(f"{r['gpu_hours']:,.1f}" if r.get("gpu_hours") is not None else "?")
+        every = _dur(ck["daly_s"]) if ck.get("daly_s") else "?"
+        cells += [every, f"{r['ettr']:.3f}", str(r["segments"] or "?"), r["bound"]]
+        table.add_row(*cells)
+    return table
+
+
+def _model_line(report: tp.Mapping[str, tp.Any]) -> str:
+    md = report["model"]
+
+    def v(name: str) -> tp.Any:
+        return md[name]["value"]
+
+    def src(name: str) -> str:
+        note = md[name]["note"]
+        return f"{md[name]['source']}{': ' + note if note else ''}"
+
+    inv = v("comm_inv_busbw")
+    return (
+        f"model     compute {_ms(v('compute_per_step_s'))} ms/step + {(v('compute_per_sample_s') or 0) * 1e6:.3g} "
+        f"us/sample ({md['compute_per_sample_s']['source']}) · exposed comm {_ms(v('comm_base_s'))} ms + "
+        f"{(v('comm_latency_s') or 0) * 1e6:.3g} us/round ({src('comm_latency_s')}) + bytes at "
+        f"{(1 / inv / GB if inv else math.inf):.3g} GB/s ({src('comm_inv_busbw')}) · save stall "
+        f"{_ms(v('save_stall_s'))} ms, commit {_ms(v('save_commit_s'))} ms · start-up {_dur(v('startup_s'))}, "
+        f"restore {_dur(v('restore_s'))} ({md['restore_s']['source']}) · node MTBF {v('mtbf_node_hours'):.0f} h "
+        f"({md['mtbf_node_hours']['source']})"
+    )
+
+
+def _print(report: tp.Mapping[str, tp.Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    for c in report["calibration"]:
+        console.print(
+            f"calibrated {escape(shorten(c['run_dir'], 80))}: world {c['world_size']} on {c['nodes']} node(s), "
+            f"local batch {c['local_batch']:g}, step {_ms(c['step_s'])} ms (data {_ms(c['data_wait_s'])}, compute "
+            f"{_ms(c['compute_s'])}, comm {_ms(c['comm_s'])}, optimizer {_ms(c['optimizer_s'])}, other "
+            f"{_ms(c['other_s'])}), {c['intervals']} intervals"
+        )
+    console.print(escape(_model_line(report)))
+    samples = report["model"]["samples"]
+    console.print(
+        f"target    {samples['value']:,.0f} samples "
+        f"({samples['source']}{': ' + samples['note'] if samples['note'] else ''})"
+    )
+    console.print(format_table(report))
+    rows = report["rows"]
+    for i, r in enumerate(rows):  # the first row of each run of one bound, and the last row
+        if 0 < i < len(rows) - 1 and r["bound"] == rows[i - 1]["bound"]:
+            continue
+        console.print(
+            f"  {r['nodes']:>6} node{'s' if r['nodes'] > 1 else ' '}: [bold]{escape(r['bound'])}[/] — "
+            f"{escape(r.get('advice', ''))}"
+        )
+    s = report["summary"]
+    if s:
+        half = s.get("efficiency_below_half_from")
+        console.print(
+            f"fastest at {s['fastest']} node(s), fewest GPU-hours at {s['cheapest']} node(s)"
+            + (f"; E(N) falls below 0.5 from {half} nodes" if half else "")
+        )
+    for note in report["notes"]:
+        console.print(f"[yellow]note[/]: {escape(note)}")
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    from hpctrain.capacity.predict import capacity_report
+    from hpctrain.status.report import to_json
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    entry_args: tp.List[str] = []
+    if "--" in args:
+        i = args.index("--")
+        args, entry_args = args[:i], args[i + 1 :]
+    ns = build_parser().parse_args(args)
+    targets = _targets(ns)
+    if ns.plot and Path(ns.plot).suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"--plot {shorten(ns.plot)!r}: name a .png or .svg file")
+    run_dirs: tp.List[tp.Any] = list(ns.run_dirs)
+    if ns.calibrate:
+        if not ns.entry:
+            raise UsageError("--calibrate needs --entry package.module:function (the training entry to calibrate)")
+        echo = (lambda line: print(line, file=sys.stderr)) if ns.json else print
+        run_dirs += calibrate(
+            ns.calibrate,
+            entry=ns.entry,
+            entry_args=entry_args,
+            out_dir=ns.calibrate_dir,
+            gpus_per_node=ns.gpus_per_node,
+            submit_args=shlex.split(ns.submit_args),
+            echo=echo,
+        )
+    elif ns.entry or entry_args:
+        raise UsageError("--entry and arguments after -- belong to --calibrate")
+    if not run_dirs:
+        raise UsageError("give at least one calibration RUN_DIR, or --calibrate SIZES --entry MOD:FN")
+    report = capacity_report(run_dirs, targets)
+    plot_note = None
+    if ns.plot:
+        from hpctrain.capacity.plot import PlotUnavailable, render_plot
+
+        try:
+            data = render_plot(report, Path(ns.plot).suffix.lower().lstrip("."))
+            Path(ns.plot).write_bytes(data)
+            report["plot"] = os.fspath(ns.plot)
+        except PlotUnavailable as exc:
+            plot_note = f"plot not written: {exc}"
+            report["notes"].append(plot_note)
+        except OSError as exc:
+            raise HpctrainError(f"--plot {shorten(ns.plot)!r}: {exc.strerror or exc}") from None
+    if ns.json:
+        print(to_json(report))
+    else:
+        _print(report)
+        if report.get("plot"):
+            print(f"plot      {report['plot']}")
+    return EXIT_OK
