@@ -142,7 +142,7 @@ def restore_code(opened: Opened, dest: Path) -> tp.Dict[str, tp.Any]:
     file hash against the recorded code section. Returns ``{"repositories", "code_path", "cwd", "notes"}``."""
     from hpctrain._entry import split_entry
     from hpctrain.bundle._io import hash_file
-    from hpctrain.identity.code import restore_snapshot
+    from hpctrain.identity.snapshot import restore_snapshot
 
     lay = opened.layout
     submit = need(opened, lay.identity_submit, "the identity manifest at submit: the recorded code")

@@ -34,8 +34,9 @@ from pathlib import Path
 from hpctrain._atomic import atomic_write_json
 from hpctrain._files import shorten
 from hpctrain.errors import UsageError
-from hpctrain.identity.code import Git, capture_code, code_essentials, dirty_summary, public_code, write_snapshot
+from hpctrain.identity.code import Git, capture_code, code_essentials, dirty_summary, public_code
 from hpctrain.identity.runtime import capture_runtime, runtime_essentials
+from hpctrain.identity.snapshot import write_snapshot
 from hpctrain.rundir import RunDir, dumps_record, read_json
 
 __all__ = [

@@ -278,7 +278,8 @@ def test_the_threads_each_rank_ran_with():
 
 
 def test_restore_snapshot_of_package_files_outside_git(tmp_path, monkeypatch):
-    from hpctrain.identity.code import capture_code, restore_snapshot, write_snapshot
+    from hpctrain.identity.code import capture_code
+    from hpctrain.identity.snapshot import restore_snapshot, write_snapshot
 
     root = tmp_path / "plain"
     (root / "plainpkg" / "sub").mkdir(parents=True)
@@ -301,7 +302,7 @@ def test_restore_snapshot_of_package_files_outside_git(tmp_path, monkeypatch):
 
 
 def test_restore_snapshot_never_writes_into_git_or_outside_the_tree(tmp_path):
-    from hpctrain.identity.code import restore_snapshot
+    from hpctrain.identity.snapshot import restore_snapshot
 
     snap = tmp_path / "forged.tar.gz"
     manifest = {"kind": "git", "commit": None, "modified": [{"path": "../escape.py", "status": "M", "sha256": "x"}]}

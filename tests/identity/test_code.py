@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.identity import code as codemod
-from hpctrain.identity.code import Git, capture_code, capture_repository, strip_credentials, write_snapshot
+from hpctrain.identity.code import Git, capture_code, capture_repository, strip_credentials
+from hpctrain.identity.snapshot import write_snapshot
 
 from .conftest import git
 
