@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import emit  # noqa: E402
 from hpctrain.capacity import Targets, capacity_report, read_calibrations  # noqa: E402
 from hpctrain.capacity.cli import calibrate  # noqa: E402
+from hpctrain.capacity.fit import interconnect_from_probe  # noqa: E402
 from hpctrain.capacity.model import allreduce_seconds  # noqa: E402
-from hpctrain.capacity.predict import interconnect_from_probe  # noqa: E402
 
 MODELS = {"demo": ["--hidden", "128"], "wide": ["--hidden", "16384"]}
 PARTS = (("step", "step_s"), ("data wait", "data_wait_s"), ("compute", "compute_s"), ("comm", "comm_s"))

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from hpctrain.capacity.calibration import Calibration, read_calibrations
 from hpctrain.capacity.plot import PlotUnavailable, render_plot
-from hpctrain.capacity.predict import SCHEMA, Targets, capacity_report
+from hpctrain.capacity.predict import SCHEMA, capacity_report
+from hpctrain.capacity.targets import Targets
 
 __all__ = [
     "SCHEMA",

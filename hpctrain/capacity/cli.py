@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _targets(ns: argparse.Namespace) -> tp.Any:
-    from hpctrain.capacity.predict import DEFAULT_NODES, Targets
+    from hpctrain.capacity.targets import DEFAULT_NODES, Targets
 
     def gb(x: tp.Optional[float]) -> tp.Optional[float]:
         return x * GB if x is not None else None
@@ -204,7 +204,7 @@ def _ms(x: tp.Optional[float]) -> str:
 
 
 def _dur(seconds: tp.Optional[float]) -> str:
-    from hpctrain.capacity.predict import _dur as dur
+    from hpctrain.capacity.advice import _dur as dur
 
     if seconds is None or not math.isfinite(seconds):
         return "never"

@@ -16,7 +16,7 @@ from hpctrain._atomic import atomic_write_bytes
 from hpctrain._cli import command_parser
 from hpctrain._files import shorten
 from hpctrain.errors import HpctrainError, UsageError
-from hpctrain.report.svg import plain
+from hpctrain.report.text import plain
 from hpctrain.rundir import RunDir
 
 __all__ = ["main", "write_report"]

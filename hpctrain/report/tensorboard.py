@@ -233,7 +233,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace the event files of an earlier export in DIR")
     args = parser.parse_args(argv)
     res = export(args.run_dir, args.output, overwrite=args.overwrite)
-    from hpctrain.report.svg import plain
+    from hpctrain.report.text import plain
 
     span = f"steps {res.first_step}..{res.last_step}" if res.first_step is not None else "no steps"
     print(

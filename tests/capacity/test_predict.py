@@ -6,7 +6,8 @@ import pytest
 
 from hpctrain.capacity import model as m
 from hpctrain.capacity.calibration import read_calibrations
-from hpctrain.capacity.predict import Targets, capacity_report
+from hpctrain.capacity.predict import capacity_report
+from hpctrain.capacity.targets import Targets
 from hpctrain.errors import UsageError
 from tests.capacity.synth import make_run
 

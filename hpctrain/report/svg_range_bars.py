@@ -1,0 +1,55 @@
+"""The per-rank range bars: one min..median..max bar per part of the step, over ranks (stdlib only)."""
+
+from __future__ import annotations
+
+import typing as tp
+
+from hpctrain.report.svg_axes import _nice_ticks
+from hpctrain.report.svg_elements import COLORS, _el, _g, _svg_open, _text
+from hpctrain.report.text import esc, fmt_num
+
+__all__ = ["stats_ok", "range_bars"]
+
+
+def stats_ok(s: tp.Any) -> bool:
+    """Whether ``s`` is a usable ``{min, median, max, max_rank}`` (the sanitiser leaves None for a bad one)."""
+    return isinstance(s, dict) and all(s.get(k) is not None for k in ("min", "median", "max"))
+
+
+def range_bars(rows: tp.Sequence[tp.Tuple[str, tp.Optional[tp.Dict[str, tp.Any]]]], *, unit: float = 1e3) -> str:
+    """One horizontal min..max bar per row (``(name, {min, median, max, max_rank})``, seconds), the median a
+    tick, the max a red dot labelled with the rank that holds it. Values are shown in ms."""
+    W, L, R, T, RH = 1160.0, 150.0, 240.0, 24.0, 26.0
+    H = T + RH * len(rows) + 24
+    hi = max((s["max"] for _, s in rows if stats_ok(s)), default=0.0) * unit or 1.0  # type: ignore[index]
+    ticks = _nice_ticks(0.0, hi)
+    hi = max(ticks[-1], hi)
+
+    def x(v: float) -> float:
+        return L + (W - L - R) * v / hi
+
+    out = [_svg_open(W, H, "per-rank spread of the last interval")]
+    for v in ticks:
+        out.append(_el("line", x1=x(v), x2=x(v), y1=T - 6, y2=H - 20, stroke=COLORS["grid"]))
+        out.append(_text(x(v), H - 6, f"{esc(fmt_num(v))} ms", text_anchor="middle"))
+    key = "per step, over ranks: bar min..max · tick median · " + _el(
+        "tspan", "● max, on the rank named", fill=COLORS["slow"]
+    )
+    out.append(_text(L, 12, key, size=11.5, color=COLORS["text"]))
+    for i, (name, s) in enumerate(rows):
+        cy = T + RH * i + RH / 2
+        out.append(_text(L - 10, cy + 4, esc(name), size=12, color=COLORS["text"], text_anchor="end"))
+        if not stats_ok(s):
+            out.append(_text(L, cy + 4, "not measured", size=11))
+            continue
+        assert s is not None
+        lo, med, top = (unit * s[k] for k in ("min", "median", "max"))
+        rank = esc(s.get("max_rank"))
+        out.append(_el("rect", x=x(lo), y=cy - 5, width=max(x(top) - x(lo), 1.5), height=10, fill=COLORS["band"], rx=3))
+        out.append(_el("line", x1=x(med), x2=x(med), y1=cy - 8, y2=cy + 8, stroke=COLORS["median"], stroke_width=2.5))
+        tip = _el("title", f"{esc(name)}: min {_g(lo)} ms, median {_g(med)} ms, max {_g(top)} ms on rank {rank}")
+        out.append(_el("circle", tip, cx=x(top), cy=cy, r=4.5, fill=COLORS["slow"]))
+        label = f"median {_g(med)} ms · max {_g(top)} on rank {rank}"
+        out.append(_text(x(top) + 9, cy + 4, label, size=11, color=COLORS["text"]))
+    out.append("</svg>")
+    return "".join(out)
