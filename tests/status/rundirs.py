@@ -15,8 +15,8 @@ from pathlib import Path
 
 from hpctrain._cli import run_main
 from hpctrain.status.cli import main
+from hpctrain.testing import FakeSlurm
 from tests.fuzzing import bounded
-from tests.submit.fake_slurm import FakeSlurm
 
 STATUS_BOUND_S = 10
 """One ``status`` call on a damaged directory must end within this (a FIFO must not block it)."""

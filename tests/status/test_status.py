@@ -15,7 +15,7 @@ import pytest
 from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir
 from hpctrain.status.cli import collect
-from tests.submit.fake_slurm import FakeSlurm
+from hpctrain.testing import FakeSlurm
 
 ROOT = Path(__file__).resolve().parents[2]
 
