@@ -10,6 +10,7 @@ on the descriptor), a byte bound. :func:`read_regular_file` turns its refusals i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import typing as tp
@@ -17,7 +18,16 @@ from pathlib import Path
 
 from hpctrain.errors import UsageError
 
-__all__ = ["NotReadable", "read_bounded", "read_regular_file", "check_path_limits", "shorten", "NAME_MAX", "PATH_MAX"]
+__all__ = [
+    "NotReadable",
+    "read_bounded",
+    "sha256_fd",
+    "read_regular_file",
+    "check_path_limits",
+    "shorten",
+    "NAME_MAX",
+    "PATH_MAX",
+]
 
 # Linux's limits; used when pathconf cannot answer (the directory does not exist yet).
 NAME_MAX = 255
@@ -71,6 +81,26 @@ def read_bounded(
         raise NotReadable(f"cannot read it ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
+
+
+def sha256_fd(
+    fd: int, *, block: int = 4 << 20, each: tp.Optional[tp.Callable[[memoryview], None]] = None
+) -> tp.Tuple[str, int]:
+    """``(sha256 hex, bytes)`` of what is left to read on the open descriptor ``fd``, read in ``block``-byte
+    pieces into one reused buffer (no allocation per block: the hash keeps up with ``sha256sum``). ``each``
+    sees every piece as it is hashed (to copy it or keep it); the view is only valid during the call.
+    The one streaming hash of files: identity, data fingerprints and bundles all hash through it."""
+    h, size = hashlib.sha256(), 0
+    buf = bytearray(block)
+    view = memoryview(buf)
+    while True:
+        n = os.readv(fd, [buf])
+        if not n:
+            return h.hexdigest(), size
+        h.update(view[:n])
+        if each is not None:
+            each(view[:n])
+        size += n
 
 
 def read_regular_file(path: tp.Union[str, Path], *, what: str, limit: int = 1 << 20) -> bytes:

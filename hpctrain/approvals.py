@@ -206,7 +206,7 @@ def _shape_problem(e: tp.Any) -> str:
 
 
 def verify_chain_bytes(
-    data: bytes, name: str = "approvals.jsonl"
+    data: bytes, name: str = RunDir.APPROVALS
 ) -> tp.Tuple[tp.List[tp.Dict[str, tp.Any]], tp.List[str]]:
     """:func:`verify_chain` on the log's bytes (a bundle verifies its own copy)."""
     problems: tp.List[str] = []

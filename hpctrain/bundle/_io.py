@@ -12,6 +12,7 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._atomic import fsync_dir
+from hpctrain._files import sha256_fd
 from hpctrain.errors import HpctrainError
 
 __all__ = [
@@ -48,14 +49,8 @@ def open_regular(path: tp.Union[str, "os.PathLike[str]"]) -> int:
 def hash_file(path: tp.Union[str, "os.PathLike[str]"]) -> tp.Tuple[str, int]:
     """(sha256 hex, bytes) of a regular file."""
     fd = open_regular(path)
-    h, n = hashlib.sha256(), 0
     try:
-        while True:
-            chunk = os.read(fd, CHUNK)
-            if not chunk:
-                return h.hexdigest(), n
-            h.update(chunk)
-            n += len(chunk)
+        return sha256_fd(fd, block=CHUNK)
     finally:
         os.close(fd)
 
@@ -76,19 +71,12 @@ def copy_file(src: tp.Union[str, "os.PathLike[str]"], dst: Path) -> tp.Tuple[str
     sfd = open_regular(src)
     try:
         dfd = _create(dst)
-        h, n = hashlib.sha256(), 0
         try:
-            while True:
-                chunk = os.read(sfd, CHUNK)
-                if not chunk:
-                    break
-                h.update(chunk)
-                _write_all(dfd, chunk)
-                n += len(chunk)
+            digest = sha256_fd(sfd, block=CHUNK, each=lambda piece: _write_all(dfd, piece))
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        return h.hexdigest(), n
+        return digest
     finally:
         os.close(sfd)
 

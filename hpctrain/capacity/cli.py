@@ -21,6 +21,7 @@ from pathlib import Path
 from hpctrain._cli import EXIT_OK, add_json_flag, command_parser
 from hpctrain._files import shorten
 from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.rundir import RunDir
 
 __all__ = ["main", "build_parser", "calibrate", "format_table"]
 
@@ -183,7 +184,7 @@ def calibrate(
         label = f"n{nodes}x{per_node}"
         run_dir = out / label
         dirs.append(run_dir)
-        if (run_dir / "train" / "metrics.jsonl").exists():
+        if RunDir(run_dir).metrics.exists():
             echo(f"calibration {label}: reusing {run_dir}")
             continue
         placement = ["--gpus-per-node", str(per_node)] if gpus_per_node else ["--tasks-per-node", str(per_node)]

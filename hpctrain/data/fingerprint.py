@@ -31,7 +31,7 @@ import typing as tp
 
 import numpy as np
 
-from hpctrain._files import NotReadable, read_bounded
+from hpctrain._files import NotReadable, read_bounded, sha256_fd
 from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = [
@@ -506,31 +506,22 @@ def full_hash(path: str) -> tp.Dict[str, tp.Any]:
         raise UsageError(f"{path}: no such file; check the path") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot open it ({exc.strerror or exc})") from None
-    h = hashlib.sha256()
-    size = 0
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(
                 f"{path}: {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}; give files"
             )
-        buf = bytearray(_READ)
-        view = memoryview(buf)
-        while True:
-            n = os.readv(fd, [buf])
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
+        digest, size = sha256_fd(fd, block=_READ)
     except OSError as exc:
-        raise HpctrainError(f"{path}: read failed after {size} bytes ({exc.strerror or exc})") from None
+        raise HpctrainError(f"{path}: read failed ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
     return {
         "path": os.path.abspath(path),
         "kind": "full",
         "size": size,
-        "sha256": h.hexdigest(),
+        "sha256": digest,
         "seconds": round(time.perf_counter() - started, 4),
     }
 

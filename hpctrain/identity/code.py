@@ -31,7 +31,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain._files import shorten
+from hpctrain._files import sha256_fd, shorten
 from hpctrain.errors import UsageError
 
 __all__ = [
@@ -172,21 +172,15 @@ def _hash_file(path: Path, *, keep: int = 0, limit: int = HASH_LIMIT) -> tp.Dict
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         return {"error": exc.strerror or str(exc), "size": int(st.st_size)}
-    h = hashlib.sha256()
     kept: tp.List[bytes] = []
     try:
-        while True:
-            block = os.read(fd, _BLOCK)
-            if not block:
-                break
-            h.update(block)
-            if st.st_size <= keep:
-                kept.append(block)
+        out["sha256"], _ = sha256_fd(
+            fd, block=_BLOCK, each=(lambda piece: kept.append(bytes(piece))) if st.st_size <= keep else None
+        )
     except OSError as exc:
         return {"error": exc.strerror or str(exc), "size": int(st.st_size)}
     finally:
         os.close(fd)
-    out["sha256"] = h.hexdigest()
     if st.st_size <= keep:
         out["_content"] = b"".join(kept)
     return out

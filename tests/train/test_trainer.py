@@ -19,7 +19,8 @@ DIM, BATCH = 16, 32
 PARTS = ("data_wait_s", "forward_backward_s", "grad_comm_exposed_s", "optimizer_s", "checkpoint_s")
 
 
-def _ctx(rank, world, run_dir):
+def _ctx(rank, world, run_dir, **extra):
+    """A duck-typed run context on CPU (what the Trainer reads of a RunContext); ``extra`` adds attributes."""
     import torch
 
     return types.SimpleNamespace(
@@ -32,6 +33,7 @@ def _ctx(rank, world, run_dir):
         hostname="host",
         hostnames=("host",),
         launcher="single",
+        **extra,
     )
 
 

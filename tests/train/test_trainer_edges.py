@@ -12,25 +12,9 @@ import pytest
 from hpctrain.errors import UsageError
 from hpctrain.rundir import RunDir, read_jsonl
 from tests.multiproc import run_world
+from tests.train.test_trainer import _ctx
 
 DIM, BATCH = 8, 16
-
-
-def _ctx(rank, world, run_dir, **extra):
-    import torch
-
-    return types.SimpleNamespace(
-        rank=rank,
-        world_size=world,
-        device=torch.device("cpu"),
-        run_dir=Path(run_dir),
-        job_id="t1",
-        restart_count=0,
-        hostname="host",
-        hostnames=("host",),
-        launcher="single",
-        **extra,
-    )
 
 
 def _data(batches=None):
