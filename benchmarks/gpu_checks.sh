@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check (runtime, checkpoint, data) in one run on a GPU machine:
+# Every GPU check (runtime, checkpoint, data, the Trainer under FSDP) in one run on a GPU machine:
 #   benchmarks/gpu_checks.sh OUTDIR
 # Python packages the machine lacks can sit as wheels in .whl/ (installed to /tmp/site).
 # Writes to OUTDIR: nvidia-smi.txt, <check>.json (each check's result), <check>.err, and the DDP
@@ -37,6 +37,7 @@ run ckpt 300 python3 benchmarks/gpu_check_ckpt.py --out "$out/ckpt"
 run loader 300 python3 benchmarks/gpu_check_loader.py --out "$out/loader"
 run sharded 300 python3 benchmarks/gpu_check_sharded.py --out "$out/sharded"
 run ddp 600 python3 benchmarks/gpu_check_ddp.py --out "$out/ddp"
+run trainer 900 python3 benchmarks/gpu_check_trainer.py --out "$out/trainer"
 if [ "$failed" -ne 0 ]; then exit 1; fi
 if [ "$skipped" -ne 0 ]; then exit 2; fi
 exit 0

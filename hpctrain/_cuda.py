@@ -51,6 +51,22 @@ class CudaRuntime:
 
         return str(torch.cuda.get_device_properties(index).uuid)
 
+    # ------------------------------------------------------------ memory per interval (train.memory)
+    def max_memory_allocated(self, device: tp.Any) -> int:
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(device))
+
+    def max_memory_reserved(self, device: tp.Any) -> int:
+        import torch
+
+        return int(torch.cuda.max_memory_reserved(device))
+
+    def reset_peak_memory_stats(self, device: tp.Any) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+
     # ------------------------------------------------------------ checkpoint staging (ckpt._staging)
     def synchronize(self, device: int) -> None:
         import torch

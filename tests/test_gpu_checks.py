@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = ["gpu_check_ckpt", "gpu_check_loader", "gpu_check_ddp"]
+CHECKS = ["gpu_check_ckpt", "gpu_check_loader", "gpu_check_ddp", "gpu_check_trainer"]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 
@@ -144,3 +145,22 @@ def test_loader_check_counts_wrong_missing_and_extra_batches(cuda_noops):
     assert check.consume(iter(batches), ref) == 1
     assert check.consume(iter(batches[:3]), ref) == 2  # one wrong, one missing
     assert check.consume(iter(batches + batches[:1]), ref) == 2  # one wrong, one extra
+
+
+def test_trainer_check_runs_its_logic_on_two_cpu_ranks(tmp_path):
+    # the demo under fsdp (saved, resumed) and the meta-built model (trained, saved, restored, compared),
+    # with the GPU switches off: what the GPU run asserts, on gloo
+    r = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check_trainer.py", "--cpu", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(r.stdout)
+    assert res["ok"] and res["ranks"] == 2 and res["demo_resume"]["resumed"]["step"] == 4
+    big = res["big"]
+    assert big["mismatched_tensors"] == [0, 0] and big["resumed_step"] == [2, 2]
+    assert 0 < big["state_gib_per_rank"] * 2**30 <= 12 * big["params"] / 2 * 1.05 + 4096

@@ -1,7 +1,9 @@
 """The demo entry: ``python -m hpctrain.submit --entry hpctrain.examples.demo:main``.
 
-A small MLP trained by :class:`hpctrain.train.Trainer` under DDP, on CPU (gloo) or GPU (NCCL). At the
-end it checks that every rank holds the same weights; rank 0 writes ``demo_result.json`` in the run
+A small MLP (an input layer, ``--layers`` residual blocks in an ``nn.ModuleList``, an output layer) trained
+by :class:`hpctrain.train.Trainer` under DDP (or ``--parallel fsdp|hsdp|none``: the blocks are sharded one by
+one, docs/train.md), on CPU (gloo) or GPU (NCCL). At the end it checks that every rank holds the same
+weights (under fsdp/hsdp: the same gathered weights); rank 0 writes ``demo_result.json`` in the run
 directory. Metrics go to ``RUN_DIR/train/metrics.jsonl`` (``python -m hpctrain status RUN_DIR``).
 
 * Without ``--data`` it learns a fixed random linear map from synthetic batches; the batch of
@@ -31,12 +33,64 @@ def _minutes(text: str) -> tp.Union[float, str]:
     return "auto" if text == "auto" else float(text)
 
 
+def _checkpointing(text: str) -> tp.Union[str, int]:
+    """``--activation-checkpoint``: none, full, or k (every k-th block)."""
+    return text if text in ("none", "full") else int(text)
+
+
+def _model(n_in: int, hidden: int, n_out: int, layers: int) -> tp.Any:
+    """The demo's network. The input and output layers are drawn first (the RNG draws of the blocks come
+    after), and each block's last layer starts at zero, so at initialisation the blocks pass their input
+    through: any ``--layers`` starts as the same function, the two-layer MLP."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = torch.nn.Linear(hidden, hidden)
+            self.down = torch.nn.Linear(hidden, hidden)
+            torch.nn.init.zeros_(self.down.weight)
+            torch.nn.init.zeros_(self.down.bias)
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return h + self.down(torch.relu(self.up(h)))
+
+    class DemoNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = torch.nn.Linear(n_in, hidden)
+            self.out = torch.nn.Linear(hidden, n_out)
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.inp(x.flatten(1)))
+            for block in self.blocks:
+                h = block(h)
+            return self.out(h)
+
+    return DemoNet()
+
+
 def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hpctrain.examples.demo")
     p.add_argument("--steps", type=int, default=50, help="total optimizer steps (a resumed run counts from its ckpt)")
     p.add_argument("--batch-size", type=int, default=128, help="global batch (all ranks; kept across node counts)")
     p.add_argument("--dim", type=int, default=32, help="input/output width of the synthetic task")
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2, help="residual blocks between the input and output layers")
+    p.add_argument(
+        "--parallel",
+        choices=("ddp", "fsdp", "hsdp", "none"),
+        default="ddp",
+        help="ddp: a replica per rank; fsdp: shard over all ranks; hsdp: shard within a node, replicate across",
+    )
+    p.add_argument(
+        "--activation-checkpoint",
+        type=_checkpointing,
+        default="none",
+        metavar="{none,full,K}",
+        help="recompute the blocks' activations in backward: none, full, or every K-th block",
+    )
     p.add_argument(
         "--lr", type=float, help="SGD learning rate (default: 0.5 with --data, 0.05 for the synthetic regression)"
     )
@@ -74,6 +128,8 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     for name in ("steps", "batch_size", "dim", "hidden", "classes"):
         if getattr(opts, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if opts.layers < 0 or (isinstance(opts.activation_checkpoint, int) and opts.activation_checkpoint < 1):
+        p.error("--layers must be >= 0, --activation-checkpoint none, full or K >= 1")
     if opts.ckpt_every < 0 or opts.workers < 0 or opts.keep < 1:
         p.error("--ckpt-every and --workers must be >= 0, --keep >= 1")
     return opts
@@ -84,7 +140,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     import torch.distributed as dist
 
     from hpctrain.data import H5DataConfig
-    from hpctrain.train import CheckpointPolicy, MetricsConfig, TrainConfig, Trainer
+    from hpctrain.train import CheckpointPolicy, MetricsConfig, ParallelConfig, TrainConfig, Trainer
 
     opts = _parse(ctx.args)
     if opts.batch_size % ctx.world_size:
@@ -102,6 +158,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         ),
         metrics=MetricsConfig(enabled=not opts.no_metrics, display=not opts.quiet),
         accept_data_change=opts.accept_data_change,
+        parallel=ParallelConfig(mode=opts.parallel, activation_checkpoint=opts.activation_checkpoint),
     )
     local_batch = opts.batch_size // ctx.world_size
 
@@ -134,9 +191,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     trainer = Trainer(
         ctx,
         config=config,
-        model=lambda: torch.nn.Sequential(
-            torch.nn.Flatten(), torch.nn.Linear(n_in, opts.hidden), torch.nn.ReLU(), torch.nn.Linear(opts.hidden, n_out)
-        ),
+        model=lambda: _model(n_in, opts.hidden, n_out, opts.layers),
         optimizer=lambda params: torch.optim.SGD(params, lr=opts.lr),
         loss_fn=loss,
         data=data,
@@ -144,9 +199,10 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     )
     fit = trainer.fit()
 
-    # All ranks must hold the same weights after DDP steps: compare a checksum across ranks.
-    params = list(fit.model.parameters())
-    checksum = torch.stack([p.detach().double().sum() for p in params]).sum().reshape(1).to(ctx.device)
+    # All ranks must hold the same weights after DDP steps: compare a checksum across ranks (of the gathered
+    # weights under fsdp/hsdp, where each rank holds a shard)
+    params = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in fit.model.parameters()]
+    checksum = torch.stack([p.double().sum() for p in params]).sum().reshape(1).to(ctx.device)
     gathered = [torch.zeros_like(checksum) for _ in range(ctx.world_size)]
     dist.all_gather(gathered, checksum)
     in_sync = all(torch.equal(g, checksum) for g in gathered)
@@ -162,6 +218,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         "weights_in_sync": in_sync,
         "device": str(ctx.device),
         "backend": ctx.backend,
+        "parallel": opts.parallel,
         "data": list(opts.data or []),
         "weights_checksum": float(checksum.item()),
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typing as tp
 
-from hpctrain.train.config import AMP_MODES, CheckpointPolicy, MetricsConfig, TrainConfig
+from hpctrain.train.config import AMP_MODES, CheckpointPolicy, MetricsConfig, ParallelConfig, TrainConfig
 
 __all__ = [
     "AMP_MODES",
@@ -21,6 +21,7 @@ __all__ = [
     "IntervalReport",
     "MetricsConfig",
     "MetricsRecorder",
+    "ParallelConfig",
     "StepTimer",
     "StopSignal",
     "TrainConfig",

@@ -13,14 +13,24 @@ import os
 import typing as tp
 from dataclasses import asdict, dataclass, field
 
-from hpctrain._validate import check_bool, check_choice, check_instance, check_int, check_number
+from hpctrain._validate import check_bool, check_choice, check_instance, check_int, check_number, check_str
 from hpctrain.capacity.model import DEFAULT_MTBF_NODE_HOURS
 from hpctrain.ckpt.config import CheckpointConfig, check_field
 from hpctrain.errors import UsageError
 
-__all__ = ["TrainConfig", "CheckpointPolicy", "MetricsConfig", "AMP_MODES", "MAX_SEED"]
+__all__ = [
+    "TrainConfig",
+    "CheckpointPolicy",
+    "MetricsConfig",
+    "ParallelConfig",
+    "AMP_MODES",
+    "PARALLEL_MODES",
+    "MAX_SEED",
+]
 
 AMP_MODES = ("off", "bf16", "fp16")
+PARALLEL_MODES = ("ddp", "fsdp", "hsdp", "none")
+PARAM_DTYPES = ("float32", "bfloat16", "float16")
 MAX_SEED = 2**64 - 1
 """Largest ``TrainConfig.seed``: ``torch.manual_seed`` takes at most a 64-bit unsigned value (python's
 ``random.seed`` takes any integer; numpy gets ``seed % 2**32``)."""
@@ -145,6 +155,104 @@ class MetricsConfig:
         )
 
 
+Hook = tp.Union[str, tp.Callable[..., tp.Any]]
+"""A user function: the callable itself, or ``"package.module:function"`` (recorded by name in the ledger)."""
+
+
+def _check_hook(owner: tp.Any, name: str, value: tp.Any) -> None:
+    if value is None or callable(value):
+        return
+    if not (isinstance(value, str) and value.count(":") == 1 and all(value.split(":"))):
+        raise UsageError(
+            f"TrainConfig.parallel.{name}={value!r} must be a callable or 'package.module:function', or None"
+        )
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """How the model is spread over the ranks (docs/train.md, "Models larger than one GPU")."""
+
+    _option_name = "TrainConfig.parallel.{name}"
+
+    mode: str = "ddp"
+    """'ddp': a full replica per rank, gradients all-reduced (DistributedDataParallel). 'fsdp': FSDP2
+    ``fully_shard`` over all ranks (parameters, gradients and optimizer state split ~1/world per rank). 'hsdp':
+    shard within a node, replicate across nodes (a 2-D mesh, ``hsdp_shape``). 'none': no wrapper (one rank)."""
+    hsdp_shape: tp.Optional[tp.Tuple[int, int]] = None
+    """'hsdp' mesh ``(replicate, shard)``; None = ``(world / ranks_per_node, ranks_per_node)`` from the run
+    context's ``local_world_size`` (the ranks of one node)."""
+    wrap: tp.Optional[str] = None
+    """Class name of the modules sharded one by one (fsdp/hsdp), each its own all-gather group, before the root;
+    None = the children of the model's largest ``nn.ModuleList`` (its blocks); '' = the root only."""
+    parallelize: tp.Optional[Hook] = None
+    """``parallelize(model, mesh) -> model``: your own wrapping (tensor parallel, another FSDP layout), called
+    instead of the Trainer's with the mode's DeviceMesh (1-D for ddp/fsdp, 2-D ``("replicate", "shard")`` for
+    hsdp). Activation checkpointing and compile are applied before it."""
+    param_dtype: tp.Optional[str] = None
+    """FSDP mixed precision, GPU only: the dtype parameters are all-gathered and computed in ('bfloat16',
+    'float16', 'float32'); the sharded master copy keeps the model's dtype. None = the model's dtype."""
+    reduce_dtype: tp.Optional[str] = None
+    """FSDP mixed precision, GPU only: the dtype gradients are reduce-scattered in; None = ``param_dtype``."""
+    cpu_offload: bool = False
+    """FSDP: keep the sharded parameters, gradients and optimizer state in host memory (FSDP2
+    ``CPUOffloadPolicy``); the optimizer steps on the CPU. GPU only."""
+    reshard_after_forward: bool = True
+    """FSDP: free each block's gathered parameters after its forward and gather them again in backward
+    (False: keep them, more memory, one all-gather less per block)."""
+    activation_checkpoint: tp.Union[str, int] = "none"
+    """Recompute block activations in backward instead of keeping them: 'none', 'full' (every block) or an
+    integer k (every k-th block). Any mode; the blocks are those ``wrap`` names."""
+    compile: bool = False
+    """``torch.compile`` each block (before sharding)."""
+    meta_init: bool = False
+    """Build the model on the meta device (no memory), shard it, then materialise each rank's shards
+    (``to_empty``) and initialise them with ``init_weights``; a restore then overwrites them."""
+    init_weights: tp.Optional[Hook] = None
+    """``init_weights(model)`` after a meta build, on the sharded model; None = ``reset_parameters()`` of
+    every submodule that has one."""
+
+    def __post_init__(self) -> None:
+        check_choice(self, "mode", self.mode, PARALLEL_MODES)
+        if self.hsdp_shape is not None:
+            shape = tuple(self.hsdp_shape) if isinstance(self.hsdp_shape, (tuple, list)) else None
+            if shape is None or len(shape) != 2 or not all(isinstance(n, int) and n >= 1 for n in shape):
+                raise UsageError(
+                    f"TrainConfig.parallel.hsdp_shape={self.hsdp_shape!r} must be (replicate, shard), two ints >= 1"
+                )
+            self.hsdp_shape = (int(shape[0]), int(shape[1]))
+        check_str(self, "wrap", self.wrap, none_ok=True, hint="a class name; None = the largest ModuleList's blocks")
+        _check_hook(self, "parallelize", self.parallelize)
+        _check_hook(self, "init_weights", self.init_weights)
+        for name in ("param_dtype", "reduce_dtype"):
+            if getattr(self, name) is not None:
+                check_choice(self, name, getattr(self, name), PARAM_DTYPES)
+        for name in ("cpu_offload", "reshard_after_forward", "compile", "meta_init"):
+            check_bool(self, name, getattr(self, name))
+        ac = self.activation_checkpoint
+        if not (ac in ("none", "full") or (isinstance(ac, int) and not isinstance(ac, bool) and ac >= 1)):
+            raise UsageError(
+                f"TrainConfig.parallel.activation_checkpoint={ac!r} must be 'none', 'full' or an int k >= 1 "
+                "(every k-th block)"
+            )
+        sharded = self.mode in ("fsdp", "hsdp")
+        for name in ("param_dtype", "reduce_dtype", "cpu_offload", "hsdp_shape"):
+            if getattr(self, name) not in (None, False) and not sharded and self.parallelize is None:
+                raise UsageError(f"TrainConfig.parallel.{name} applies to mode 'fsdp' or 'hsdp', not {self.mode!r}")
+        if self.hsdp_shape is not None and self.mode != "hsdp":
+            raise UsageError(f"TrainConfig.parallel.hsdp_shape applies to mode 'hsdp', not {self.mode!r}")
+
+    def to_dict(self) -> tp.Dict[str, tp.Any]:
+        """JSON-ready: hooks by name (``module:qualname``)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("parallelize", "init_weights"):
+            hook = out[name]
+            if callable(hook):
+                out[name] = f"{getattr(hook, '__module__', '?')}:{getattr(hook, '__qualname__', repr(hook))}"
+        if out["hsdp_shape"] is not None:
+            out["hsdp_shape"] = list(out["hsdp_shape"])
+        return out
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """What the Trainer does. Give exactly one of ``steps`` or ``epochs``."""
@@ -172,6 +280,8 @@ class TrainConfig:
     """When and where to checkpoint."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Measurement and display."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """How the model is spread over the ranks: ddp (default), fsdp, hsdp or none; see ParallelConfig."""
     accept_data_change: bool = False
     """Resume although the input data's fingerprint changed since the previous attempt (a file added or
     removed, its size, HDF5 structure or sampled content): the change is recorded in the run's identity.
@@ -193,12 +303,14 @@ class TrainConfig:
         check_choice(self, "amp", self.amp, AMP_MODES)
         check_instance(self, "checkpoint", self.checkpoint, CheckpointPolicy)
         check_instance(self, "metrics", self.metrics, MetricsConfig)
+        check_instance(self, "parallel", self.parallel, ParallelConfig)
         check_bool(self, "accept_data_change", self.accept_data_change)
 
     def to_dict(self) -> tp.Dict[str, tp.Any]:
         """Plain JSON-ready values (the ledger records it). ``checkpoint.dir`` and ``checkpoint.keep_last``
         repeat ``checkpoint.config``'s, as the shorthands read."""
         out = asdict(self)
+        out["parallel"] = self.parallel.to_dict()
         ck = out["checkpoint"]
         if ck["config"]["dir"] is not None:
             ck["config"]["dir"] = os.fspath(ck["config"]["dir"])

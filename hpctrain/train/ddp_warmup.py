@@ -32,7 +32,7 @@ def warm_up_buckets(
     """Run the pass on the first batch of ``batches`` through ``model`` (the DDP wrapper of ``module``) and
     return the batches with that one put back in front. Every rank calls it (the backward all-reduces)."""
     if not hasattr(model, "no_sync") or world_size < 3:
-        return batches  # no DDP, or two ranks: a + b == b + a, the layout cannot change a sum
+        return batches  # no DDP (fsdp/hsdp/none: no bucket layout), or two ranks: a + b == b + a
     first = next(batches, None)
     if first is None:
         return iter(())  # no data: the first step reports it, naming the option

@@ -25,6 +25,11 @@ How each figure is measured (docs/train.md has the schema):
   so the launch of the last bucket marks the end of backward compute; what remains of the
   ``forward_backward`` phase after it is communication that did not overlap compute. A gradient hook
   on the parameter whose gradient is ready last (:meth:`MetricsRecorder.attach_ddp`) stamps that moment.
+* exposed communication under FSDP2 (:func:`hpctrain.train.parallel.attach_fsdp_timing`): the spans the
+  training stream spends inside FSDP's all-gather (``unshard``/``wait_for_unshard``) and reduce-scatter
+  (``post_backward``/``finalize_backward``) calls, CUDA events on the compute stream on GPU (the time it was
+  blocked), host time on CPU; carved out of the phase they fell in.
+* memory (:mod:`hpctrain.train.memory`): device peaks reset per interval, RSS, the state bytes this rank holds.
 * aggregation: at each log interval every rank contributes one small float64 vector to a single
   ``all_gather``; every rank computes the same min/median/max and the slowest rank from it.
 """
@@ -40,6 +45,8 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.rundir import METRICS_SCHEMA, RunDir, dumps_record
+from hpctrain.train.memory import FIELDS as MEMORY_FIELDS
+from hpctrain.train.memory import MemoryProbe
 
 __all__ = ["PHASES", "StepTimer", "MetricsRecorder", "IntervalReport", "count_flops", "peak_flops"]
 
@@ -48,8 +55,9 @@ PHASES = ("data_wait", "forward_backward", "grad_comm_exposed", "optimizer", "ch
 
 _P = {name: i for i, name in enumerate(PHASES)}
 # the per-rank vector gathered at each interval: [steps, step_s, *PHASES, samples, wall_s, loss_sum, flops,
-# stop, save]
-_N = 2 + len(PHASES) + 6
+# *memory FIELDS, stop, save]
+_MEM = 6 + len(PHASES)
+_N = 2 + len(PHASES) + 6 + len(MEMORY_FIELDS)
 
 # Dense bf16 peak FLOP/s per GPU for MFU (vendor data sheets; SXM parts). Matched against the device name.
 _PEAKS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("MI300X", 1307e12))
@@ -76,8 +84,13 @@ class StepTimer:
         self._t0 = 0.0
         self._last = 0.0
         self._launch: tp.Any = None  # time (or event) the last gradient bucket's all-reduce was launched
+        self._comm = 0.0  # CPU: seconds inside FSDP's communication calls since the last mark
+        self._comm_ev: tp.List[tp.Tuple[tp.Any, tp.Any]] = []  # CUDA: their (begin, end) events
         self._pending: tp.List[tp.List[tp.Tuple[int, tp.Any]]] = []  # CUDA: events of steps not yet resolved
         self._marks: tp.List[tp.Tuple[int, tp.Any]] = []
+        self.on_mark: tp.Optional[tp.Callable[[str], None]] = None
+        """Called with each mark's phase (and ``grad_comm`` at the last bucket's launch): the hang watchdog's
+        progress (:func:`hpctrain.runtime.watchdog.follow_timer`). Called even when timing is off."""
 
     def _now(self) -> tp.Any:
         if self.cuda:
@@ -91,6 +104,7 @@ class StepTimer:
         if not self.enabled:
             return
         self._launch = None
+        self._comm, self._comm_ev = 0.0, []
         if self.cuda:
             self._marks = [(-1, self._now())]
         else:
@@ -98,6 +112,8 @@ class StepTimer:
 
     def mark(self, phase: str) -> None:
         """Charge the time since the previous mark (or ``start``) to ``phase`` (one of :data:`PHASES`)."""
+        if self.on_mark is not None:
+            self.on_mark(phase)
         if not self.enabled:
             return
         i = _P[phase]
@@ -106,8 +122,18 @@ class StepTimer:
             if self._launch is not None:
                 self._marks.append((-2, self._launch))  # resolved as the exposed-communication split
                 self._launch = None
+            elif self._comm_ev:
+                self._marks.append((-3, self._comm_ev))  # FSDP spans, summed when resolved
+                self._comm_ev = []
             return
         now = time.perf_counter()
+        if self._comm:
+            exposed = min(self._comm, now - self._last)
+            self.sums[_P["grad_comm_exposed"]] += exposed
+            self.sums[i] += now - self._last - exposed
+            self._comm = 0.0
+            self._last = now
+            return
         if self._launch is not None:
             exposed = max(0.0, now - self._launch)
             self.sums[_P["grad_comm_exposed"]] += exposed
@@ -119,8 +145,22 @@ class StepTimer:
 
     def comm_launched(self) -> None:
         """Called by the DDP comm hook when a bucket's all-reduce is launched."""
+        if self.on_mark is not None:
+            self.on_mark("grad_comm")
         if self.enabled:
             self._launch = self._now()
+
+    def comm_begin(self) -> tp.Any:
+        """Open a span the training stream spends in (FSDP) communication; pass the result to ``comm_end``."""
+        return self._now() if self.enabled else None
+
+    def comm_end(self, token: tp.Any) -> None:
+        if token is None:
+            return
+        if self.cuda:
+            self._comm_ev.append((token, self._now()))
+        else:
+            self._comm += time.perf_counter() - token
 
     def end(self) -> None:
         """Close the step."""
@@ -144,8 +184,12 @@ class StepTimer:
             while k < len(marks):
                 i, ev = marks[k]
                 seg = prev.elapsed_time(ev) / 1e3
-                if k + 1 < len(marks) and marks[k + 1][0] == -2:
-                    exposed = max(0.0, marks[k + 1][1].elapsed_time(ev) / 1e3)
+                if k + 1 < len(marks) and marks[k + 1][0] in (-2, -3):
+                    nxt = marks[k + 1][1]
+                    if marks[k + 1][0] == -2:
+                        exposed = max(0.0, nxt.elapsed_time(ev) / 1e3)
+                    else:
+                        exposed = min(seg, sum(max(0.0, a.elapsed_time(b)) for a, b in nxt) / 1e3)
                     self.sums[_P["grad_comm_exposed"]] += exposed
                     seg -= exposed
                     k += 1
@@ -245,6 +289,10 @@ class MetricsRecorder:
         self.last: tp.Optional[tp.Dict[str, tp.Any]] = None
         self._hooks: tp.List[tp.Any] = []  # the gradient hooks of attach_ddp
         self._after_step: tp.Optional[tp.Callable[[], None]] = None
+        self.memory = MemoryProbe(self.device)
+        self.comm_measure: tp.Optional[str] = None
+        """How ``grad_comm_exposed`` was measured: 'ddp_last_bucket', 'fsdp_waits' or None (not at all)."""
+        self._undo_fsdp: tp.Optional[tp.Callable[[], None]] = None
 
     # ---- per step -----------------------------------------------------------------------------
     def attach_ddp(self, ddp_model: tp.Any) -> None:
@@ -256,8 +304,18 @@ class MetricsRecorder:
         then sorts its buckets by the same order); from the second on only that one parameter keeps a
         hook: one Python call per backward. (A Python DDP comm hook around the default all-reduce cost
         72 us per step, 8 % of the demo's step at world 1; the single hook about 10 us, autograd calling
-        back into Python.)"""
-        if not self.timer.enabled or not hasattr(ddp_model, "register_comm_hook"):
+        back into Python.)
+
+        An FSDP2 module is timed by :func:`hpctrain.train.parallel.attach_fsdp_timing` instead."""
+        if not self.timer.enabled:
+            return
+        from hpctrain.train.parallel import attach_fsdp_timing, is_fsdp
+
+        if is_fsdp(ddp_model):
+            self._undo_fsdp = attach_fsdp_timing(ddp_model, self.timer)
+            self.comm_measure = "fsdp_waits"
+            return
+        if not hasattr(ddp_model, "register_comm_hook"):
             return
         module = getattr(ddp_model, "module", ddp_model)
         params = [p for p in module.parameters() if p.requires_grad]
@@ -277,6 +335,7 @@ class MetricsRecorder:
             timer.comm_launched()
 
         handles = [p.register_post_accumulate_grad_hook(first_backward(i)) for i, p in enumerate(params)]
+        self.comm_measure = "ddp_last_bucket"
 
         def settle() -> None:  # after the first step: keep one hook, on the parameter that was ready last
             for h in handles:
@@ -315,7 +374,9 @@ class MetricsRecorder:
         steps, step_s, sums = self.timer.take()
         loss_sum = float(self._loss_sum.item()) if self._loss_sum is not None else 0.0
         flops = (self.flops_per_sample or 0.0) * self._samples
-        mine = [float(steps), step_s, *sums, float(self._samples), wall, loss_sum, flops, float(stop), float(save)]
+        mem = self.memory.read()
+        mine = [float(steps), step_s, *sums, float(self._samples), wall, loss_sum, flops, *mem]
+        mine += [float(stop), float(save)]
         rows = self._gather(mine)
         record = self._record(step, rows, self._loss_steps, extra)
         self._loss_sum, self._loss_steps, self._samples = None, 0, 0
@@ -372,10 +433,17 @@ class MetricsRecorder:
             per_step = {"step_s": [r[1] / max(r[0], 1) for r in rows]}
             for k, name in enumerate(PHASES):
                 per_step[f"{name}_s"] = [r[2 + k] / max(r[0], 1) for r in rows]
+            # a rank's own work per step (the step less waiting for the others): what shows a straggler
+            per_step["busy_s"] = [s - c for s, c in zip(per_step["step_s"], per_step["grad_comm_exposed_s"])]
             rec["per_step"] = {name: _spread(vals) for name, vals in per_step.items()}
             slowest = rec["per_step"]["step_s"]["max_rank"]
             rec["slowest_rank"] = slowest
             rec["data_wait_frac"] = sum(r[2 + _P["data_wait"]] for r in rows) / max(sum(r[1] for r in rows), 1e-12)
+        rec["memory"] = {
+            name: (_spread([r[_MEM + k] for r in rows]) if all(r[_MEM + k] >= 0 for r in rows) else None)
+            for k, name in enumerate(MEMORY_FIELDS)
+        }
+        rec["comm_measure"] = self.comm_measure
         if extra:
             rec.update({key: _plain(value) for key, value in extra.items()})
         return rec
@@ -394,6 +462,9 @@ class MetricsRecorder:
         self._file.flush()
 
     def close(self) -> None:
+        if self._undo_fsdp is not None:
+            self._undo_fsdp()
+            self._undo_fsdp = None
         for h in self._hooks:
             h.remove()
         self._hooks = []

@@ -23,17 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from hpctrain.errors import UsageError
 from hpctrain.rundir import RunDir
+from hpctrain.runtime import watchdog
 from hpctrain.train.arguments import check_arguments
 from hpctrain.train.config import TrainConfig
 from hpctrain.train.ddp_warmup import warm_up_buckets
 from hpctrain.train.display import IntervalDisplay
 from hpctrain.train.evaluation import EvalResult, Evaluator
 from hpctrain.train.ledger_records import AttemptProgress, AttemptRecords
+from hpctrain.train.memory import state_bytes
 from hpctrain.train.metrics import MetricsRecorder, count_flops
+from hpctrain.train.parallel import build_model, grad_sync, local_world_size
 from hpctrain.train.provenance import record_training_identity
 from hpctrain.train.saving import Saver
 from hpctrain.train.stopping import Stopping, StopSignal
@@ -92,9 +94,9 @@ class _Built:
     """What one ``fit`` builds, shared by the loop, its saves and the evaluation."""
 
     model: torch.nn.Module
-    """The DDP wrapper when a process group is up, else :attr:`module`: what the steps run."""
+    """What the steps run: the DDP wrapper under ddp with a process group, else :attr:`module`."""
     module: torch.nn.Module
-    """The bare module: what is saved, restored and evaluated."""
+    """The module (FSDP2-sharded under fsdp/hsdp): what is saved, restored and evaluated."""
     optimizer: torch.optim.Optimizer
     scheduler: tp.Any
     scaler: tp.Any
@@ -104,6 +106,8 @@ class _Built:
     ckpt: tp.Any = None
     """The Checkpointer, when checkpointing is on."""
     ckpt_dir: tp.Optional[Path] = None
+    mesh: tp.Any = None
+    """The DeviceMesh of fsdp/hsdp or given to ``parallelize`` (None otherwise)."""
 
 
 class Trainer:
@@ -162,7 +166,7 @@ class Trainer:
         t_fit = time.perf_counter()
         progress = AttemptProgress()
         records = AttemptRecords(self.ctx, self.run_dir, rank=self.rank, world_size=self.world_size, config=self.config)
-        built = self._build()
+        built = watchdog.during("startup", self._build)
         evaluator = (
             Evaluator(
                 self.eval_data,
@@ -182,7 +186,7 @@ class Trainer:
                 self.ctx, self.run_dir, self.config, self.data, self.eval_data, rank=self.rank
             )
             total = self._total_steps(built.loader)
-            got = self._restore(built)
+            got = watchdog.during("restore", self._restore, built)
             start = got.step if got is not None else 0
             progress.step, progress.committed_step = start, (start or None)
             committed_at = got.committed_at if got is not None else None
@@ -206,22 +210,21 @@ class Trainer:
                     built.ckpt.abandon()  # an in-flight save of a failing run must not block the exit
                 built.ckpt.close()
             records.end(status=status, progress=progress, error=error)
+            watchdog.leave()  # what the entry does after fit() reports no progress: not watched as a hang
 
     def _build(self) -> _Built:
-        """Seed, then build the model (the same weights on every rank), its DDP wrapper, the optimizer,
-        scheduler and (fp16) grad scaler, and this rank's loader."""
+        """Seed, then build the model (the same weights on every rank) and spread it over the ranks as
+        ``TrainConfig.parallel`` says (:mod:`hpctrain.train.parallel`), the optimizer over this rank's
+        parameters (its shards under fsdp), scheduler and (fp16) grad scaler, and this rank's loader."""
         cfg = self.config
         _seed_everything(cfg.seed)
-        module = self.model_factory()
-        if not isinstance(module, torch.nn.Module):
-            raise UsageError(f"Trainer(model=...): the factory returned a {type(module).__name__}, not an nn.Module")
-        module = module.to(self.device)
-        if dist.is_available() and dist.is_initialized():
-            from hpctrain.runtime.process_group import wrap_ddp
-
-            model: torch.nn.Module = wrap_ddp(module, self.device)
-        else:
-            model = module
+        model, module, mesh = build_model(
+            self.model_factory,
+            cfg.parallel,
+            device=self.device,
+            world_size=self.world_size,
+            per_node=local_world_size(self.ctx, self.world_size),
+        )
         optimizer = self.optimizer_factory(module.parameters())
         scheduler = self.scheduler_factory(optimizer) if self.scheduler_factory else None
         scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
@@ -231,7 +234,7 @@ class Trainer:
             else contextlib.nullcontext()
         )
         loader = self._build_loader(self.data) if not callable(self.data) else None
-        return _Built(model, module, optimizer, scheduler, scaler, loader, autocast)
+        return _Built(model, module, optimizer, scheduler, scaler, loader, autocast, mesh=mesh)
 
     def _build_loader(self, data_cfg: tp.Any) -> tp.Any:
         from hpctrain.data import H5Loader
@@ -318,6 +321,7 @@ class Trainer:
         )
         try:
             rec.attach_ddp(b.model)
+            watchdog.follow_timer(rec.timer)  # the timer's marks are the hang watchdog's progress within a step
             batches = self._batches(b.loader, start)
             state = {"model": b.module, "optimizer": b.optimizer, "scheduler": b.scheduler, "scaler": b.scaler}
             saver = Saver(b.ckpt, pol, state=state, loader=b.loader, progress=progress)
@@ -347,7 +351,7 @@ class Trainer:
                     rec.step_done(loss, samples=samples)
                     stopped = True
                     break
-                if saver.periodic(step, total):
+                if watchdog.during("save", saver.periodic, step, total):
                     rec.timer.mark("checkpoint")
                 rec.step_done(loss, samples=samples)
                 if rec.due(step):
@@ -358,6 +362,7 @@ class Trainer:
                     # rank 0's clock decides a time-based save, the interval's collective carries it to all
                     report = rec.flush(step, stop=self.stopping.local(step), save=saver.minutes_passed(), extra=extra)
                     self.display.show(report.record)
+                    watchdog.interval(report.record)  # rank 0: stragglers (hpctrain.runtime.stragglers)
                     saver.requested = saver.requested or report.save
                     if report.stop and step < total:
                         stopped = True
@@ -373,7 +378,9 @@ class Trainer:
             if evaluator is not None and step > start and not stopped:
                 ev = self._evaluate(evaluator, b, step, rec)
                 eval_loss = ev.loss if ev.loss is not None else eval_loss
-            saver.finish(step, start=start, stopped=stopped, stopping=self.stopping, note=self.display.note)
+            watchdog.during(
+                "save", saver.finish, step, start=start, stopped=stopped, stopping=self.stopping, note=self.display.note
+            )
         finally:
             rec.close()
         final_loss = float(loss.item()) if loss is not None else None
@@ -386,16 +393,17 @@ class Trainer:
     def _step(
         self, b: _Built, batches: tp.Iterator[Batch], rec: MetricsRecorder, step: int, total: int
     ) -> tp.Tuple[torch.Tensor, int]:
-        """One optimizer step (``step``, counted from 1): ``grad_accum`` micro-batches, DDP's gradient sync on
-        the last only, then clipping, the optimizer and the scheduler. Returns (loss, samples on this rank)."""
+        """One optimizer step (``step``, counted from 1): ``grad_accum`` micro-batches, the gradient reduction
+        (DDP's all-reduce, FSDP's reduce-scatter) on the last only, then clipping (the global norm: over
+        DTensor gradients ``clip_grad_norm_`` reduces the shards' norms across the mesh), the optimizer and the
+        scheduler. Returns (loss, samples on this rank)."""
         cfg, timer, accum = self.config, rec.timer, self.config.grad_accum
         loss_sum: tp.Optional[torch.Tensor] = None
         samples = 0
         for micro in range(accum):
             batch = self._next_batch(batches, step, total)
             timer.mark("data_wait")
-            sync = micro == accum - 1 or not hasattr(b.model, "no_sync")
-            with contextlib.nullcontext() if sync else b.model.no_sync():
+            with grad_sync(b.model, micro == accum - 1):
                 if cfg.metrics.enabled and rec.flops_per_sample is None:  # counted once, on the first micro-batch
                     out: tp.List[torch.Tensor] = []
                     flops = count_flops(lambda out=out, batch=batch: out.append(self._forward_backward(b, batch)))
@@ -417,6 +425,8 @@ class Trainer:
         else:
             b.optimizer.step()
         b.optimizer.zero_grad(set_to_none=True)
+        if rec.memory.state_bytes is None:  # the optimizer's state exists from its first step on
+            rec.memory.state_bytes = state_bytes(b.module, b.optimizer)
         if b.scheduler is not None:
             b.scheduler.step()
         timer.mark("optimizer")
@@ -457,7 +467,7 @@ class Trainer:
             ) from None
 
     def _evaluate(self, evaluator: Evaluator, b: _Built, step: int, rec: MetricsRecorder) -> EvalResult:
-        result = evaluator.run(b.module, step, b.autocast)
+        result = watchdog.during("eval", evaluator.run, b.module, step, b.autocast)
         rec.write(Evaluator.record(step, result))
         self.display.note(Evaluator.line(step, result))
         return result
