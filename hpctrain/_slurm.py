@@ -133,6 +133,63 @@ class SlurmCommands:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
+    def job_info(self, job_id: str) -> tp.Dict[str, str]:
+        """``scontrol show job -o JOB`` as a dict (JobState, Restarts, NodeList, ExcNodeList, NumNodes,
+        Partition, Reason, ...); {} when slurmctld does not know the job. scontrol, not sacct: it answers
+        from the compute nodes too (slurmdbd is often unreachable from them, as on the dev cluster)."""
+        try:
+            out = self.run(["scontrol", "show", "job", "-o", job_id], timeout=15.0)
+        except SlurmCommandError:
+            return {}
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        # Values have no spaces except in a few fields (Command=, WorkDir= paths, Comment=): keep the first word.
+        return dict(w.split("=", 1) for w in line.split() if "=" in w)
+
+    def node_states(self, nodes: tp.Sequence[str]) -> tp.Dict[str, str]:
+        """``{node: state}`` as ``sinfo -N -o %T`` prints it in lower case (``idle``, ``mixed``, ``down*``,
+        ``drained``, ``not_responding``...), one entry per node whatever partitions it is in."""
+        if not nodes:
+            return {}
+        out = self.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T"], timeout=15.0)
+        states: tp.Dict[str, str] = {}
+        for line in out.splitlines():
+            node, _, state = line.strip().partition("|")
+            if node:
+                states.setdefault(node, state.strip().lower())
+        return states
+
+    def partition_nodes(self, partition: str, features: str = "") -> tp.List[str]:
+        """Every node of ``partition`` (``sinfo -N -p``), in sinfo's order; with ``features`` (a job's
+        ``--constraint``) only the nodes that have them: ``a&b`` (or one feature) is matched, a constraint
+        with ``|``, brackets, counts or ``!`` is not interpreted (every node of the partition counts)."""
+        out = self.run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%f"], timeout=15.0)
+        wanted = [] if not features or re.search(r"[|\[\]*!()]", features) else features.split("&")
+        nodes: tp.List[str] = []
+        for line in out.split():
+            node, _, have = line.partition("|")
+            if node and node not in nodes and set(wanted) <= set(have.split(",")):
+                nodes.append(node)
+        return nodes
+
+    def exclude_nodes(self, job_id: str, nodes: tp.Sequence[str]) -> None:
+        """``scontrol update JobId=JOB ExcNodeList=...``: the job's next start avoids ``nodes`` (the whole list,
+        replacing the old one). slurmctld refuses it while the job runs ("Job is no longer pending
+        execution"): call it once the job is requeued (COMPLETING or PENDING)."""
+        self.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"], timeout=30.0)
+
+    def past_runs(self, job_id: str) -> tp.List[tp.Tuple[str, str]]:
+        """``[(state, node list)]`` of every run of a (requeued) job, oldest first (``sacct -D``): the first
+        run of a job Slurm requeued after a node failure shows ``NODE_FAIL``. [] without accounting."""
+        try:
+            out = self.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList"], timeout=15.0)
+        except SlurmCommandError:
+            return []
+        runs = []
+        for line in out.strip().splitlines():
+            state, _, nodes = line.partition("|")
+            runs.append(((state.split() or [""])[0], nodes))
+        return runs
+
     def running_job(self, job_id: str) -> tp.Tuple[str, tp.Optional[int]]:
         """``(state, time limit in seconds or None)`` of a job from squeue, ``("", None)`` when squeue does
         not know it. A job being cancelled shows CANCELLED or COMPLETING while its tasks still run."""

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 import typing as tp
 
 from hpctrain.rundir import LEDGER_SCHEMA, RunDir, append_jsonl_atomic, read_jsonl
 
 __all__ = ["Ledger", "process_start_time"]
+
+# Two threads of one rank may append at once (the Trainer's end record while the hang watchdog's thread writes
+# the exit record); each append rewrites the file, so without the lock one of the two records is lost.
+_APPEND_LOCK = threading.Lock()
 
 
 def _number(value: tp.Any) -> tp.Optional[float]:
@@ -35,7 +40,8 @@ class Ledger:
         self.path = self.run_dir.ledger
 
     def append(self, record: tp.Mapping[str, tp.Any]) -> None:
-        append_jsonl_atomic(self.path, record, schema=LEDGER_SCHEMA)
+        with _APPEND_LOCK:
+            append_jsonl_atomic(self.path, record, schema=LEDGER_SCHEMA)
 
     def read(self) -> tp.Tuple[tp.List[tp.Dict[str, tp.Any]], tp.List[str]]:
         """``(records, problems)``: one problem line per record that could not be read."""

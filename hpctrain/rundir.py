@@ -13,6 +13,9 @@ checkpoint directory are the one exception: :mod:`hpctrain.ckpt._format` owns th
     RUN_DIR/ranks/<job>-r<restart>/rank-<N>.json       each task when it joins (hpctrain.launch)
     RUN_DIR/ranks/<job>-r<restart>/end-rank-<N>.json   each task's own view of how its attempt ended
     RUN_DIR/ranks/<job>-r<restart>/exit.json    claimed by the one rank that decides (and may requeue)
+    RUN_DIR/ranks/<job>-r<restart>/heartbeat-rank-<N>.json  each task's last progress (step, phase, time)
+    RUN_DIR/ranks/<job>-r<restart>/stacks-rank-<N>.txt      each task's Python stacks, written on a hang
+    RUN_DIR/ranks/<job>-r<restart>/hang.json    the hang's attribution (hung ranks, hosts, stacks, progress)
     RUN_DIR/train/ledger.jsonl                  one record per start, end and exit of an attempt
     RUN_DIR/train/metrics.jsonl                 one record per log interval and per evaluation
     RUN_DIR/checkpoints/                        the Trainer's default checkpoint directory
@@ -114,6 +117,15 @@ class RunDir:
         """One folder per attempt: a local run has no job id (``local``), a requeue a new restart count."""
         return self.ranks / f"{job_id or 'local'}-r{restart_count}"
 
+    def attempt_numbers(self, job_id: str) -> tp.List[int]:
+        """The restart counts of the attempts of ``job_id`` that have a folder here, ascending."""
+        prefix = f"{job_id or 'local'}-r"
+        try:
+            names = [p.name for p in self.ranks.iterdir() if p.name.startswith(prefix)]
+        except OSError:
+            return []
+        return sorted(int(n[len(prefix) :]) for n in names if n[len(prefix) :].isdigit())
+
     def rank_record(self, job_id: str, restart_count: int, rank: int) -> Path:
         return self.attempt_dir(job_id, restart_count) / f"rank-{rank}.json"
 
@@ -123,6 +135,19 @@ class RunDir:
     def attempt_exit(self, job_id: str, restart_count: int) -> Path:
         """Created exclusively by the one rank that decides how the attempt ended (and may requeue)."""
         return self.attempt_dir(job_id, restart_count) / "exit.json"
+
+    def heartbeat(self, job_id: str, restart_count: int, rank: int) -> Path:
+        """The task's last progress, rewritten by its watchdog thread (hpctrain.runtime.watchdog)."""
+        return self.attempt_dir(job_id, restart_count) / f"heartbeat-rank-{rank}.json"
+
+    def stack_dump(self, job_id: str, restart_count: int, rank: int, tool: str = "faulthandler") -> Path:
+        """The task's Python stacks on a hang: ``faulthandler`` (all threads) or ``py-spy`` (when installed)."""
+        suffix = "" if tool == "faulthandler" else f".{tool}"
+        return self.attempt_dir(job_id, restart_count) / f"stacks-rank-{rank}{suffix}.txt"
+
+    def hang_report(self, job_id: str, restart_count: int) -> Path:
+        """Written by the rank that decides a hung attempt's end: which ranks hung, where, their stacks."""
+        return self.attempt_dir(job_id, restart_count) / "hang.json"
 
     # ------------------------------------------------------------------ written by training
     @property

@@ -40,11 +40,24 @@ class FakeSlurm(SlurmCommands):
         self.requeued: tp.List[str] = []  # job ids given to `scontrol requeue`
         self.requeue_error: tp.Optional[str] = None  # scontrol's error line, to make requeue fail
         self.forgotten: tp.Set[str] = set()  # jobs slurmctld no longer remembers: squeue errors, sacct knows
+        # `scontrol show job`: job id -> its fields (JobState, Restarts, NodeList, ExcNodeList, NumNodes, Partition)
+        self.jobs: tp.Dict[str, tp.Dict[str, str]] = {}
+        self.node_state: tp.Dict[str, str] = {}  # node -> sinfo %T (idle, mixed, down*, drained, ...)
+        self.members: tp.Dict[str, tp.List[str]] = {}  # partition -> its nodes (default: every node known)
+        self.features: tp.Dict[str, tp.List[str]] = {}  # node -> its features (sinfo %f)
+        self.history: tp.Dict[str, tp.List[str]] = {}  # job id -> `sacct -D` lines "STATE|NODELIST", oldest first
 
     def run(self, argv: tp.Sequence[str], timeout: float = 30.0) -> str:
         argv = list(argv)
         self.calls.append(argv)
         program = argv[0]
+        if program == "sinfo" and "-N" in argv:
+            if "-p" in argv:
+                part = argv[argv.index("-p") + 1]
+                nodes = self.members.get(part, list(self.node_state))
+                return "".join(f"{n}|{','.join(self.features.get(n, []))}\n" for n in nodes)
+            wanted = argv[argv.index("-n") + 1].split(",")
+            return "".join(f"{n}|{self.node_state[n]}\n" for n in wanted if n in self.node_state)
         if program == "sinfo":
             return "\n".join(self.partition_lines) + "\n"
         if program == "squeue":
@@ -63,6 +76,8 @@ class FakeSlurm(SlurmCommands):
             if not self.accounting:
                 raise SlurmCommandError("sacct failed: Slurm accounting storage is disabled")
             job = argv[argv.index("-j") + 1]
+            if "-D" in argv:
+                return "".join(f"{line}\n" for line in self.history.get(job, []))
             return f"{self.final[job]}|node[1-2]|00:00:09\n" if job in self.final else ""
         if program == "scancel":
             self.final[argv[1]] = "CANCELLED by 0"
@@ -72,6 +87,19 @@ class FakeSlurm(SlurmCommands):
             if self.requeue_error:
                 raise SlurmCommandError(f"scontrol requeue {argv[2]} failed: {self.requeue_error}")
             self.requeued.append(argv[2])
+            job = self.jobs.get(argv[2])
+            if job is not None:  # as slurmctld: the job completes its tasks, then pends again, Restarts + 1
+                job.update(JobState="COMPLETING", Restarts=str(int(job.get("Restarts", "0")) + 1))
+            return ""
+        if program == "scontrol" and argv[1:3] == ["show", "job"]:
+            job = self.jobs.get(argv[-1])
+            return "" if job is None else " ".join(f"{k}={v}" for k, v in {"JobId": argv[-1], **job}.items()) + "\n"
+        if program == "scontrol" and argv[1] == "update" and argv[3].startswith("ExcNodeList="):
+            job_id = argv[2].partition("=")[2]
+            job = self.jobs.setdefault(job_id, {"JobState": "PENDING"})
+            if job.get("JobState") in ("RUNNING", "SUSPENDED"):  # what slurmctld answers for a running job
+                raise SlurmCommandError(f"scontrol update failed: Job is no longer pending execution for job {job_id}")
+            job["ExcNodeList"] = argv[3].partition("=")[2] or "(null)"
             return ""
         raise SlurmCommandError(f"{program} is not faked")
 

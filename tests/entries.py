@@ -68,3 +68,48 @@ def rank0_killed_after_a_collective(ctx):
     time.sleep(0.5)
     dist.all_reduce(torch.ones(1))
     return ctx.rank
+
+
+def hangs_on_rank_1(ctx):
+    """A hand-written loop (an all-reduce and ``ctx.should_stop`` per step); at step 5 rank 1 sleeps for good
+    after the step's all-reduce, before reporting it: the others block in step 6's all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    for step in range(1, 1000):
+        dist.all_reduce(torch.ones(1))
+        if ctx.rank == 1 and step == 5:
+            time.sleep(3600)
+        if ctx.should_stop(step):
+            break
+        time.sleep(0.01)
+    return ctx.rank
+
+
+def straggler_fit(ctx):
+    """A small Trainer run where rank 1's data read takes 40 ms more per batch: a straggler in ``data wait``."""
+    import torch
+
+    from hpctrain.train import MetricsConfig, TrainConfig, Trainer
+
+    def data(start):
+        gen = torch.Generator().manual_seed(ctx.rank)
+        while True:
+            if ctx.rank == 1:
+                time.sleep(0.04)
+            x = torch.randn(8, 8, generator=gen)
+            yield x, x.sum(1, keepdim=True)
+
+    trainer = Trainer(
+        ctx,
+        config=TrainConfig(
+            steps=16,
+            log_every=4,
+            metrics=MetricsConfig(display=False),
+        ),
+        model=lambda: torch.nn.Linear(8, 1),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.01),
+        loss_fn=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+        data=data,
+    )
+    return trainer.fit().step

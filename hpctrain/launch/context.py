@@ -47,7 +47,13 @@ class RunContext(DistEnv):
         **Collective**: every rank must call it at the same points (one small gloo all-reduce per call,
         pipelined: a call acts on the previous call's answer, so a stop lands one call later). The
         Trainer calls it after every step and in its evaluation loop; a hand-written loop calls it once per
-        step. False when the context has no stop agreement (not started by a Runner)."""
+        step. False when the context has no stop agreement (not started by a Runner). With ``step`` it is also
+        the run's progress report: from the first call on, a rank that stops calling it for the hang timeout
+        ends the attempt as a hang (docs/preemption.md, "Hangs and stragglers")."""
+        if step is not None:  # progress for the hang watchdog (hpctrain.runtime.watchdog): a tuple in memory
+            from hpctrain.runtime.watchdog import beat
+
+            beat(step)
         if self.stop is None:
             return False
         return bool(self.stop.should_stop(-1 if step is None else step))

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
+from hpctrain.launch.exclusion import CHECKED_CAUSES, Failure, attribute_end, exclude_after
 from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir, read_json
-from hpctrain.runtime.preemption import StopCause, classify_end, is_peer_failure, requeue_decision
+from hpctrain.runtime.preemption import HangDetected, StopCause, classify_end, is_peer_failure, requeue_decision
 
 __all__ = ["AttemptEnd", "finish_attempt", "rank_end_path", "committed_progress", "requeue_job_id"]
 
@@ -144,6 +145,8 @@ def finish_attempt(
         if error is None and stop is None
         else "stopped"
         if error is None
+        else StopCause.HANG
+        if isinstance(error, HangDetected)
         else StopCause.NODE_FAILURE
         if is_peer_failure(error)
         else StopCause.USER_ERROR
@@ -156,7 +159,7 @@ def finish_attempt(
         pass  # the record helps rank 0 classify; its absence only makes the classification coarser
     if rank != 0:
         # A survivor of a failure decides only when no lower rank wrote its end record in time: they died.
-        if local != StopCause.NODE_FAILURE:
+        if local not in (StopCause.NODE_FAILURE, StopCause.HANG):
             return None
         if _end_causes(run_dir, job_id, restart_count, range(rank), takeover_wait_s, any_one=True):
             return None
@@ -184,6 +187,19 @@ def finish_attempt(
         time_limit_s=limit,
         lead_s=lead_s,
     )
+    hang = None
+    if cause == StopCause.HANG:  # before a requeue ends the tasks: which ranks hung, on which hosts (one line)
+        from hpctrain.runtime.watchdog import attribute_hang
+
+        hang = attribute_hang(run_dir, job_id, restart_count, world_size, wait_s=peer_wait_s)
+    failure = None
+    if on_slurm and cause in CHECKED_CAUSES:
+        # Slurm's own view decides a node failure: its survivors only saw a SIGTERM or a dropped peer.
+        try:
+            failure = attribute_end(slurm, run_dir, job_id, restart_count, world_size, cause, environ=os.environ)
+            cause = failure.cause
+        except Exception as exc:  # noqa: BLE001 - attribution sharpens the decision; it must never prevent it
+            print(f"hpctrain: warning: no node attribution: {type(exc).__name__}: {exc}", file=sys.stderr)
     resumed, committed = committed_progress(run_dir, job_id, restart_count)
     if resumed is None:
         progress = True  # no ledger: the bound alone limits requeues
@@ -203,14 +219,25 @@ def finish_attempt(
             cause, restarts=restart_count, max_requeues=max_requeues, committed_new_step=progress
         )
         if cause == StopCause.CANCELLED:
-            reason += " (scancel; a preemption without GraceTime looks the same, and Slurm requeues those itself)"
-    if requeued:
+            reason += " (scancel: no node of the job failed, and Slurm did not requeue it as it does a preemption)"
+        if failure is not None:
+            requeued, reason = failure.decide(requeued, reason)
+    if requeued and not (failure is not None and failure.requeued_by_slurm):
         from hpctrain._slurm import SlurmCommandError
 
         try:
             slurm.requeue(requeue_job_id(job_id))
         except SlurmCommandError as exc:
             requeued, reason = False, f"not requeued: {exc}"
+    hosts: tp.Dict[str, tp.Any] = {}
+    if failure is not None or requeued:  # a requeue leaves out the hosts a failure, hang or straggler names
+        failure = failure or Failure(cause=cause)
+        try:
+            hosts = exclude_after(failure, slurm, run_dir, job_id, restart_count, requeued=requeued)
+        except Exception as exc:  # noqa: BLE001 - the job is requeued already; only the exclusion is lost
+            hosts = {"exclusion": f"not excluded: {type(exc).__name__}: {exc}"}
+        if hosts.get("exclusion"):
+            reason += f"; {hosts['exclusion']}"
     record = {
         "event": "exit",
         "time": time.time(),
@@ -228,7 +255,10 @@ def finish_attempt(
         "slurm_state": slurm_state or None,
         "error": _short(error),
         "decided_by_rank": rank,
+        **hosts,
     }
+    if hang is not None:
+        record["hang"] = hang
     try:
         Ledger(run_dir).append(record)
     except OSError as exc:

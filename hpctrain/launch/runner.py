@@ -88,6 +88,7 @@ class Runner:
         signal_lead_s: float = 0.0,
         time_limit_s: tp.Optional[float] = None,
         code_path: tp.Optional[str] = None,
+        hang_timeout_s: tp.Optional[float] = None,
     ) -> None:
         """``code_path``: a directory put first on ``sys.path`` before anything of the entry is looked up (its
         module, the identity capture), so that the entry runs from that tree ahead of anything installed."""
@@ -101,6 +102,7 @@ class Runner:
         self.max_requeues = int(max_requeues)
         self.signal_lead_s = float(signal_lead_s)
         self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
+        self.hang_timeout_s = None if hang_timeout_s is None else float(hang_timeout_s)
 
     def __repr__(self) -> str:
         return f"Runner(entry={self.entry!r}, run_dir={self.run_dir!r})"
@@ -119,15 +121,19 @@ class Runner:
         # (common on clusters, and in the dev cluster's namespaces). The one place hpctrain sets it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         from hpctrain.launch.context import RunContext
-        from hpctrain.launch.ending import finish_attempt
         from hpctrain.runtime import env as dist_env
         from hpctrain.runtime import process_group
         from hpctrain.runtime.preemption import StopAgreement
 
         env = dist_env.from_environ()
-        threads = process_group.set_cpu_threads(env)
-        device = process_group.select_device(env, self.gpus_per_node)
-        backend = process_group.init_process_group(env, device, timeout_s=self.dist_timeout_s)
+        watch = self._start_watchdog(env, started)  # before the rendezvous: start-up is watched too
+        try:
+            threads = process_group.set_cpu_threads(env)
+            device = process_group.select_device(env, self.gpus_per_node)
+            backend = process_group.init_process_group(env, device, timeout_s=self.dist_timeout_s)
+        except BaseException:
+            watch.stop()  # the error ends this process's attempt; a watchdog left running would end the caller
+            raise
         joined = time.time()
         agreement: tp.Optional[StopAgreement] = None
         result: tp.Any = None
@@ -148,6 +154,7 @@ class Runner:
             self._record_rank(ctx, started, joined)
             if ctx.rank == 0:
                 self._capture_identity(ctx)
+                self._record_unseen_end(ctx)
             print(
                 f"hpctrain: rank {ctx.rank}/{ctx.world_size} on {ctx.hostname} (node {ctx.node_rank}, "
                 f"local {ctx.local_rank}, {device}, {backend}, {threads} cpu threads) joined "
@@ -155,35 +162,25 @@ class Runner:
                 flush=True,
             )
             fn = load_entry(self.entry)
+            watch.set_phase("entry")  # not watched until the entry reports progress (ctx.should_stop, the Trainer)
             result = fn(ctx)
         except BaseException as exc:  # classified below; re-raised unless the job was requeued
             error = exc
+        watch.set_phase("finish")
         if error is None and agreement is not None:
             try:
                 agreement.settle()  # its last poll's all-reduce: every rank sent it, so this returns at once
             except Exception as exc:  # a peer went away after its entry returned: the end decides below
                 error = exc
+        if not watch.stop():
+            watch.wait_for_end()  # the watchdog fired: its thread ends the attempt and the process
         decision = agreement.decision if agreement is not None else None
         stop = None
         if decision is not None:
             stop = (decision.signum, signals.first[1] if signals.first else time.time())
             print(f"hpctrain: rank {env.rank} stopped at agreed step {decision.step}", flush=True)
         try:
-            end = finish_attempt(
-                run_dir=Path(self.run_dir),
-                rank=env.rank,
-                world_size=env.world_size,
-                job_id=env.job_id,
-                restart_count=env.restart_count,
-                launcher=env.launcher,
-                stop=stop,
-                agreed_step=decision.step if decision is not None else None,
-                error=error,
-                started=started,
-                time_limit_s=self.time_limit_s,
-                lead_s=self.signal_lead_s,
-                max_requeues=self.max_requeues,
-            )
+            end = self._finish(env, started, stop, decision.step if decision is not None else None, error)
         except Exception as exc:  # deciding must never hide the entry's own error
             print(f"hpctrain: could not decide how the attempt ended: {type(exc).__name__}: {exc}", flush=True)
             end = None
@@ -213,6 +210,55 @@ class Runner:
         if end is not None and not end.requeued and end.cause != "cancelled":
             raise SystemExit(1)
         raise SystemExit(0)
+
+    def _finish(
+        self,
+        env: tp.Any,
+        started: float,
+        stop: tp.Optional[tp.Tuple[int, float]],
+        agreed_step: tp.Optional[int],
+        error: tp.Optional[BaseException],
+    ) -> tp.Any:
+        """:func:`~hpctrain.launch.ending.finish_attempt` for this task: after the entry, or from the watchdog."""
+        from hpctrain.launch.ending import finish_attempt
+
+        return finish_attempt(
+            run_dir=Path(self.run_dir),
+            rank=env.rank,
+            world_size=env.world_size,
+            job_id=env.job_id,
+            restart_count=env.restart_count,
+            launcher=env.launcher,
+            stop=stop,
+            agreed_step=agreed_step,
+            error=error,
+            started=started,
+            time_limit_s=self.time_limit_s,
+            lead_s=self.signal_lead_s,
+            max_requeues=self.max_requeues,
+        )
+
+    def _start_watchdog(self, env: tp.Any, started: float) -> tp.Any:
+        """This rank's no-progress watchdog (:mod:`hpctrain.runtime.watchdog`); on a hang its thread ends the
+        attempt through :func:`~hpctrain.launch.ending.finish_attempt` (cause ``hang``) and the process."""
+        from hpctrain.runtime import watchdog
+
+        def on_hang(error: BaseException) -> int:
+            end = self._finish(env, started, None, None, error)
+            return 0 if end is not None and end.requeued else 1
+
+        watch = watchdog.Watchdog(
+            run_dir=self.run_dir,
+            job_id=env.job_id,
+            restart_count=env.restart_count,
+            rank=env.rank,
+            world_size=env.world_size,
+            host=socket.gethostname(),
+            timeout_s=getattr(self, "hang_timeout_s", None),  # absent from a Runner pickled by an older hpctrain
+            on_hang=on_hang,
+        )
+        watchdog.install(watch)
+        return watch.start()
 
     def _capture_identity(self, ctx: tp.Any) -> None:
         """Rank 0: this attempt's identity manifest (hpctrain.identity). A failure is one warning line: the
@@ -249,6 +295,24 @@ class Runner:
             + moved,
             flush=True,
         )
+
+    def _record_unseen_end(self, ctx: tp.Any) -> None:
+        """Rank 0 of a restart: the end of a previous attempt whose ranks all died unrecorded (a node failure
+        without survivors), from Slurm's view (:func:`hpctrain.launch.exclusion.record_unseen_end`)."""
+        if ctx.launcher != "slurm" or ctx.restart_count == 0:
+            return
+        try:
+            from hpctrain._slurm import SlurmCommands
+            from hpctrain.launch.exclusion import record_unseen_end
+
+            found = record_unseen_end(
+                Path(self.run_dir), ctx.job_id, ctx.restart_count, ctx.world_size, slurm=SlurmCommands()
+            )
+        except Exception as exc:  # noqa: BLE001 - a record of the past: never a reason for this attempt to fail
+            print(f"hpctrain: warning: the previous attempt's end not recorded: {type(exc).__name__}: {exc}")
+            return
+        if found is not None:
+            print(f"hpctrain: attempt {found['restart_count']} ended unrecorded: {found['cause']}", flush=True)
 
     def _record_rank(self, ctx: tp.Any, started: float, joined: float) -> None:
         """:meth:`RunDir.rank_record`: what the login-node tools read about each task."""
@@ -296,6 +360,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         "--max-requeues", type=int, default=DEFAULT_MAX_REQUEUES, help="requeues after time limit/preemption/failure"
     )
     parser.add_argument("--time-limit", type=float, help="seconds; default: the job's limit as squeue reports it")
+    parser.add_argument(
+        "--hang-timeout", type=float, help="seconds without progress that end a hung attempt; default: derived"
+    )
     args, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -308,5 +375,6 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         max_requeues=args.max_requeues,
         signal_lead_s=args.signal_lead,
         time_limit_s=args.time_limit,
+        hang_timeout_s=args.hang_timeout,
     )()
     return 0

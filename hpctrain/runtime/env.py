@@ -67,6 +67,9 @@ class DistEnv:
     """CPUs Slurm gave each task (``SLURM_CPUS_PER_TASK``, i.e. ``--cpus-per-task``); None when not set."""
 
 
+ATTEMPT_ENV = "HPCTRAIN_ATTEMPT"
+"""Set by :mod:`hpctrain.launch.spares` on every step it starts: that step's attempt number (restart count)."""
+
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -197,7 +200,9 @@ def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
         raise DistEnvError(f"SLURM_NODEID={node_rank} is outside the step's {num_nodes} nodes")
     if not 0 <= local_rank < per_node[node_rank]:
         raise DistEnvError(f"SLURM_LOCALID={local_rank} but node {node_rank} runs {per_node[node_rank]} tasks")
-    restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    # The attempt number: Slurm's requeue count, unless the spare-node loop (hpctrain.launch.spares) restarted
+    # the step inside the allocation; it then numbers every step it starts (ATTEMPT_ENV), one owner for both.
+    restart = int(environ.get(ATTEMPT_ENV) or environ.get("SLURM_RESTART_COUNT") or 0)
     addr, port = _override(environ, hosts[0], derive_port(job_id, restart))
     return DistEnv(
         rank=rank,

@@ -31,6 +31,7 @@ __all__ = [
     "StopSignals",
     "StopAgreement",
     "StopCause",
+    "HangDetected",
     "classify_stop",
     "classify_end",
     "is_peer_failure",
@@ -54,8 +55,14 @@ class StopCause:
     INTERRUPTED = "interrupted"
     """Ctrl-C (SIGINT): the user's own stop; saved at the agreed step, never requeued."""
     FINISHED = "finished"
-    REQUEUE_ON = frozenset({TIME_LIMIT, PREEMPTION, NODE_FAILURE})
+    HANG = "hang"
+    """A rank made no progress for the hang timeout (hpctrain.runtime.watchdog): stacks dumped, every rank ended."""
+    REQUEUE_ON = frozenset({TIME_LIMIT, PREEMPTION, NODE_FAILURE, HANG})
     """Ends after which the job is requeued (within the bound): the work can go on elsewhere or later."""
+
+
+class HangDetected(RuntimeError):
+    """Raised into the end of an attempt (never by user code) when the no-progress watchdog fired on this rank."""
 
 
 class StopSignals:
@@ -250,6 +257,9 @@ def classify_end(
     * Neither: finished.
     """
     if error is not None:
+        # A hang first: the watchdog ends a rank blocked in a collective too, and its peers then see a peer failure.
+        if isinstance(error, HangDetected) or (StopCause.HANG in peer_errors and is_peer_failure(error)):
+            return StopCause.HANG
         if StopCause.USER_ERROR in peer_errors:
             return StopCause.USER_ERROR
         return StopCause.NODE_FAILURE if is_peer_failure(error) else StopCause.USER_ERROR

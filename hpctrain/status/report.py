@@ -28,6 +28,8 @@ from hpctrain._files import shorten
 from hpctrain._procs import pid_alive
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.rundir import RunDir, read_json, read_jsonl
+from hpctrain.status.faults import collect_faults
+from hpctrain.status.nodes import collect_nodes
 from hpctrain.status.schema import (
     MAX_DEPTH,
     MAX_PROBLEMS,
@@ -296,6 +298,8 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
         # how the newest attempt ended and whether it was requeued, with the reason (hpctrain.launch.ending)
         "last_exit": next((r for r in reversed(ledger) if r.get("event") == "exit"), None),
         "ledger": ledger,
+        **collect_faults(ledger),  # "hangs" and "stragglers" (hpctrain.status.faults)
+        **collect_nodes(ledger),  # "node_failures", "in_job_restarts", "excluded_nodes" (hpctrain.status.nodes)
         "identity": _identity(root, problems),
         "approvals": _approvals(root, problems),
         "problems": problems,

@@ -171,6 +171,7 @@ STATS = Record(
         "max_rank": Int(0, _PID_MAX, required=True),
     }
 )
+MEMORY_PARTS = ("peak_allocated_bytes", "peak_reserved_bytes", "rss_bytes", "state_bytes")  # train.memory.FIELDS
 PER_STEP_PARTS = ("step_s", "data_wait_s", "forward_backward_s", "grad_comm_exposed_s", "optimizer_s", "checkpoint_s")
 
 _LEDGER_COMMON: tp.Dict[str, Field] = {
@@ -224,6 +225,24 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "slurm_state": Str(),
         "error": Str(),
         "decided_by_rank": RANK,
+        # node failures (hpctrain.launch.exclusion): which hosts failed, which the job now avoids
+        "failed_nodes": StrList(),
+        "suspect_nodes": StrList(),
+        "excluded_nodes": StrList(),
+        "newly_excluded": StrList(),
+        "not_excluded": StrList(),
+        "exclusion": Str(),
+        "in_job_restart": Bool(),
+    },
+    # a restart of the training step inside the allocation, on a spare node (hpctrain.launch.spares)
+    "ledger.in_job_restart": {
+        **_LEDGER_COMMON,
+        "next_restart_count": Int(0),
+        "failed_at": TIME,
+        "failed_nodes": StrList(),
+        "excluded_nodes": StrList(),
+        "spares_used": Int(0),
+        "spares": Int(0),
     },
     # RUN_DIR/train/metrics.jsonl
     "metrics.interval": {
@@ -251,6 +270,9 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "slowest_rank": RANK,
         "data_wait_frac": Num(0, 1),
         "last_checkpoint_step": STEP,
+        # per-rank memory (hpctrain.train.memory; null: not measured here, e.g. device peaks on CPU)
+        "memory": Record({k: STATS for k in MEMORY_PARTS}),
+        "comm_measure": Str(),
     },
     "metrics.eval": {
         "schema": Str(),

@@ -13,7 +13,9 @@ import time
 import typing as tp
 
 from hpctrain._files import shorten
-from hpctrain.train.display import fmt_duration, fmt_rate
+from hpctrain.status.faults import render_faults
+from hpctrain.status.nodes import render_nodes
+from hpctrain.train.display import fmt_bytes, fmt_duration, fmt_rate
 
 __all__ = ["render", "LEDGER_ROWS"]
 
@@ -144,7 +146,23 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
                         label, _ms(s.get("min")), _ms(s.get("median")), _ms(s.get("max")), _n(s.get("max_rank"))
                     )
             console.print(table)
-            out(f"[bold]slowest[/]    rank {_n(last.get('slowest_rank'))}")
+            how = {"fsdp_waits": "FSDP all-gather/reduce-scatter waits", "ddp_last_bucket": "after DDP's last bucket"}
+            measure = how.get(last.get("comm_measure") or "")
+            line = f"rank {_n(last.get('slowest_rank'))}" + (f" · exposed comm: {measure}" if measure else "")
+            out(f"[bold]slowest[/]    {line}")
+        mem = last.get("memory") or {}
+        parts = [
+            f"{label} {fmt_bytes(mem[key].get('max'))}"
+            for key, label in (
+                ("state_bytes", "model+optimizer state"),
+                ("peak_allocated_bytes", "peak allocated"),
+                ("peak_reserved_bytes", "peak reserved"),
+                ("rss_bytes", "host RSS"),
+            )
+            if isinstance(mem.get(key), dict)
+        ]
+        if parts:
+            out(f"[bold]memory[/]     per rank, max over ranks: {' · '.join(parts)}")
         else:
             out("[bold]breakdown[/]  not measured (metrics disabled)")
     ck = report.get("checkpoint")
@@ -186,6 +204,8 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
             f"[bold]last exit[/]  attempt {_n(ex.get('restart_count'))}: {_t(ex.get('cause'))}{at} · "
             f"[{colour}]{_t(ex.get('reason'), 400)}[/]"
         )
+    render_faults(report, out, _t)  # hangs and stragglers (hpctrain.status.faults)
+    render_nodes(report, out, _t)  # node failures, in-job restarts, excluded hosts (hpctrain.status.nodes)
     ledger = report["ledger"]
     if ledger:
         table = Table(title="ledger", title_justify="left")

@@ -127,6 +127,7 @@ def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
         signal_lead_s=cfg.signal_lead_s,
         time_limit_s=cfg.time_min * 60,
         code_path=cfg.code_path,
+        hang_timeout_s=cfg.hang_timeout,
     )
 
 
@@ -187,7 +188,7 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         # The Runner replaces submitit's signal handlers and requeues by itself (hpctrain.launch.ending);
         # submitit's timeout counter is never used, the bound is cfg.max_requeues against SLURM_RESTART_COUNT.
         executor: tp.Any = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
-        executor.update_parameters(**slurm_parameters(cfg))
+        executor.update_parameters(**slurm_parameters(cfg, python=executor.python, run_dir=run_dir))
     else:
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
         # One node, the same number of processes as the Slurm job would start.

@@ -98,12 +98,31 @@ def build_parser() -> argparse.ArgumentParser:
         "counted by hpctrain with SLURM_RESTART_COUNT; a time limit or failure whose attempt committed no new "
         "checkpoint step is not requeued (docs/preemption.md)",
     )
+    s.add_argument(
+        "--spare-nodes",
+        type=_integer,
+        metavar="K",
+        help="allocate K extra nodes; when a node fails or hangs, restart inside the allocation on a spare instead "
+        "of requeueing, up to K times (default 0; docs/preemption.md)",
+    )
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
     s.add_argument(
         "--dist-timeout",
         type=_integer,
         metavar="SECONDS",
         help=f"rendezvous timeout per rank (default {DEFAULT_DIST_TIMEOUT_S})",
+    )
+    s.add_argument(
+        "--hang-timeout",
+        type=_integer,
+        metavar="SECONDS",
+        help="no progress on a rank this long ends the attempt as a hang: stacks dumped, hung rank and host "
+        "named, requeued when a new step was committed (default max(10 x step time, 5 min))",
+    )
+    s.add_argument(
+        "--exclude-stragglers",
+        action="store_true",
+        help="leave the host of a straggler rank out of the next requeue (hung ranks' hosts are left out always)",
     )
     t = p.add_argument_group("training")
     t.add_argument("--entry", metavar="MODULE:FUNCTION", help="function called as FUNCTION(ctx) on every task")
@@ -230,11 +249,13 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
     cluster = _resolve_cluster(cfg)
     if cluster == "local":
         _check_local_size(cfg)
+        if cfg.spare_nodes:
+            print("hpctrain submit: note: --spare-nodes applies to Slurm jobs; a local run has none", file=sys.stderr)
     run_dir = _run_dir(cfg)
     if getattr(ns, "dry_run", False):
         from hpctrain.submit.sbatch import render_sbatch
 
-        sys.stdout.write(render_sbatch(cfg, folder=RunDir(run_dir).logs, python=sys.executable))
+        sys.stdout.write(render_sbatch(cfg, folder=RunDir(run_dir).logs, python=sys.executable, run_dir=run_dir))
         print(
             f"# dry run: nothing submitted; cluster={cluster}, world size {cfg.world_size}, run dir {run_dir}",
             file=sys.stderr,

@@ -91,11 +91,22 @@ class SubmitConfig:
     max_requeues: int = DEFAULT_MAX_REQUEUES
     """Requeues after a time limit, preemption or rank/node failure (``--max-requeues``), counted by hpctrain
     against ``SLURM_RESTART_COUNT``; rank 0 requeues with ``scontrol requeue`` (docs/preemption.md)."""
+    spare_nodes: int = 0
+    """Extra nodes the job allocates (``--spare-nodes``): training runs on ``nodes`` of them, and when a node
+    fails or hangs the batch script restarts the step on the others, inside the allocation, up to this many
+    times (the job asks for ``--no-kill``; docs/preemption.md, "Node failures and spare nodes")."""
     cluster: str = "auto"
     """``slurm``, ``local`` (submitit's local executor, same number of processes), or ``auto``:
     Slurm when ``sbatch`` is on PATH (``--cluster``)."""
     dist_timeout: int = DEFAULT_DIST_TIMEOUT_S
     """Seconds a rank waits for the others at rendezvous before failing (``--dist-timeout``)."""
+    hang_timeout: tp.Optional[int] = None
+    """Seconds without progress on any rank after which the attempt counts as hung: stacks dumped, every rank
+    ended, classified ``hang`` and requeued when a new step was committed (``--hang-timeout``); default
+    max(10 x the measured step time, 5 min), 4 x longer in start-up, restore, save and evaluation."""
+    exclude_stragglers: bool = False
+    """Leave the host of a straggler rank (recorded by rank 0 in the ledger) out of the next requeue
+    (``--exclude-stragglers``); hosts of hung ranks are left out always."""
     entry: tp.Optional[str] = None
     """Training entry point ``module:function``, called as ``function(ctx)`` on every task (``--entry``)."""
     entry_args: tp.List[str] = field(default_factory=list)
@@ -130,6 +141,9 @@ class SubmitConfig:
         check_int(self, "cpus_per_task", self.cpus_per_task, min=1, max=MAX_INT, none_ok=True)
         check_int(self, "max_requeues", self.max_requeues, min=0, max=MAX_INT, hint="0 = never requeue")
         check_int(self, "dist_timeout", self.dist_timeout, min=1, max=MAX_INT, hint="seconds")
+        check_int(self, "spare_nodes", self.spare_nodes, min=0, max=MAX_INT, hint="0 = no spare nodes")
+        check_int(self, "hang_timeout", self.hang_timeout, min=1, max=MAX_INT, none_ok=True, hint="seconds")
+        check_bool(self, "exclude_stragglers", self.exclude_stragglers)
         check_int(self, "signal_lead", self.signal_lead, max=MAX_INT, none_ok=True)
         limit = parse_time(self.time)
         if self.signal_lead is not None and not 0 < self.signal_lead < limit:

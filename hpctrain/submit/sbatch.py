@@ -20,11 +20,14 @@ __all__ = ["slurm_parameters", "render_sbatch", "submitit_command"]
 WCKEY = "hpctrain"
 
 
-def slurm_parameters(cfg: SubmitConfig) -> tp.Dict[str, tp.Any]:
-    """``SlurmExecutor.update_parameters`` keyword arguments for ``cfg``."""
+def slurm_parameters(
+    cfg: SubmitConfig, *, python: str = "python3", run_dir: tp.Union[str, Path, None] = None
+) -> tp.Dict[str, tp.Any]:
+    """``SlurmExecutor.update_parameters`` keyword arguments for ``cfg``; ``python`` and ``run_dir`` are used by
+    a job with spare nodes only (its batch script runs the training srun through hpctrain.launch.spares)."""
     params: tp.Dict[str, tp.Any] = {
         "job_name": cfg.job_name,
-        "nodes": cfg.nodes,
+        "nodes": cfg.nodes + cfg.spare_nodes,
         "ntasks_per_node": cfg.ntasks_per_node,
         "time": cfg.time_min,
         "signal_delay_s": cfg.signal_lead_s,
@@ -42,6 +45,23 @@ def slurm_parameters(cfg: SubmitConfig) -> tp.Dict[str, tp.Any]:
     if cfg.mem is not None:
         # Passed through unchanged ("16G"): submitit's own `mem` wants float GB and rewrites it.
         params["additional_parameters"]["mem"] = cfg.mem
+    if cfg.spare_nodes:
+        if run_dir is None:
+            raise ValueError("slurm_parameters: a job with spare nodes needs run_dir")
+        # --no-kill: a failed node leaves the allocation instead of ending it. submitit writes one
+        # `srun ... python -m submitit.core._submit` line; this shell function puts the in-job restart loop
+        # in front of it (the loop runs the real srun binary, sized to cfg.nodes, on healthy nodes).
+        params["additional_parameters"]["no_kill"] = True
+        loop = [
+            shlex.quote(python),
+            "-m hpctrain.launch.spares",
+            f"--nodes {cfg.nodes} --tasks-per-node {cfg.ntasks_per_node} --spares {cfg.spare_nodes}",
+            f"--run-dir {shlex.quote(str(run_dir))}",
+        ]
+        params["setup"] = [
+            f"# {cfg.spare_nodes} spare node(s): the srun below runs through hpctrain's in-job restart loop",
+            f'srun() {{ {" ".join(loop)} -- srun "$@"; }}',
+        ]
     return params
 
 
@@ -50,8 +70,12 @@ def submitit_command(python: str, folder: tp.Union[str, Path]) -> str:
     return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
-def render_sbatch(cfg: SubmitConfig, *, folder: tp.Union[str, Path], python: str) -> str:
-    """The sbatch script submitit will write for ``cfg`` with logs in ``folder``, run by ``python``."""
+def render_sbatch(
+    cfg: SubmitConfig, *, folder: tp.Union[str, Path], python: str, run_dir: tp.Union[str, Path, None] = None
+) -> str:
+    """The sbatch script submitit will write for ``cfg`` with logs in ``folder``, run by ``python``
+    (``run_dir``: the run directory, needed with spare nodes)."""
     from submitit.slurm.slurm import _make_sbatch_string  # submitit imports no torch; ~0.1 s
 
-    return str(_make_sbatch_string(command=submitit_command(python, folder), folder=folder, **slurm_parameters(cfg)))
+    params = slurm_parameters(cfg, python=python, run_dir=run_dir)
+    return str(_make_sbatch_string(command=submitit_command(python, folder), folder=folder, **params))

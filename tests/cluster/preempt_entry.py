@@ -27,6 +27,7 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fail-at", type=int, default=0, help="rank 1 raises ValueError at this step")
     p.add_argument("--kill-in-save", type=int, default=0, help="attempt 0: rank 1 SIGKILLs itself saving this step")
     p.add_argument("--kill-after", type=int, default=0, help="attempts >= 1: rank 1 SIGKILLs itself after N calls")
+    p.add_argument("--hang-at", type=int, default=0, help="attempt 0: rank 1 sleeps for good at this call (a hang)")
     return p.parse_args(list(args))
 
 
@@ -65,6 +66,9 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             raise ValueError(f"user code failed at call {calls[0]}")
         if ctx.rank == 1 and opts.kill_after and ctx.restart_count >= 1 and calls[0] == opts.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        if ctx.rank == 1 and opts.hang_at and ctx.restart_count == 0 and calls[0] == opts.hang_at:
+            log.write(json.dumps({"hang": time.time()}) + "\n")  # when the hang began, for the measured figure
+            time.sleep(24 * 3600)
         return torch.nn.functional.cross_entropy(model(batch["x"].float()), batch["y"].long())
 
     config = TrainConfig(

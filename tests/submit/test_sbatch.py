@@ -78,3 +78,38 @@ def test_hostile_names_do_not_inject_shell(tmp_path, name):
     # The interpreter (with a space in its path) and the folder arrive intact, each as one argument.
     assert argv[-5:] == [str(tmp_path / "bin" / "python 3"), "-u", "-m", "submitit.core._submit", str(folder)]
     assert argv[argv.index("--output") + 1] == f"{folder}/%j_%t_log.out"
+
+
+GOLDEN_SPARES = Path(__file__).with_name("sbatch_golden_spares.txt")
+
+
+def test_spare_nodes_sbatch_matches_golden_file():
+    cfg = SubmitConfig(nodes=2, tasks_per_node=2, spare_nodes=1, job_name="golden", entry="pkg.train:main")
+    text = render_sbatch(cfg, folder="/scratch/runs/golden/logs", python="/opt/venv/bin/python",
+                         run_dir="/scratch/runs/golden")  # fmt: skip
+    if not GOLDEN_SPARES.exists():
+        GOLDEN_SPARES.write_text(text)
+        pytest.fail(f"created {GOLDEN_SPARES}; review it and commit it")
+    assert text == GOLDEN_SPARES.read_text(), f"sbatch text changed (delete {GOLDEN_SPARES.name} if intended)"
+    assert "#SBATCH --nodes=3" in text and "#SBATCH --no-kill" in text
+    assert "--no-kill" not in render_sbatch(golden_config(), folder="/f", python="py")
+
+
+def test_spare_nodes_script_runs_the_training_srun_through_the_restart_loop(tmp_path):
+    run_dir = tmp_path / "run dir; touch PWNED"
+    cfg = SubmitConfig(nodes=2, tasks_per_node=2, spare_nodes=1, run_dir=str(run_dir), entry="a:b")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    python = bindir / "python 3"  # records what the loop is started with
+    python.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {tmp_path / "loop.argv"}\n')
+    python.chmod(0o755)
+    (tmp_path / "job.sh").write_text(render_sbatch(cfg, folder=run_dir / "logs", python=str(python), run_dir=run_dir))
+    subprocess.run(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, check=True, timeout=30)
+    argv = (tmp_path / "loop.argv").read_text().split("\0")[:-1]
+    assert not list(tmp_path.rglob("PWNED"))
+    sep = argv.index("--")
+    assert argv[:sep] == ["-m", "hpctrain.launch.spares", "--nodes", "2", "--tasks-per-node", "2", "--spares", "1",
+                          "--run-dir", str(run_dir)]  # fmt: skip
+    # after --: submitit's own srun line, unchanged
+    assert argv[sep + 1 : sep + 3] == ["srun", "--unbuffered"] and argv[-3:] == ["-m", "submitit.core._submit",
+                                                                                 str(run_dir / "logs")]  # fmt: skip

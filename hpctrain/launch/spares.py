@@ -1,0 +1,245 @@
+"""Spare nodes: restart the training step inside the allocation when a node fails or hangs (stdlib only).
+
+A job submitted with ``--spare-nodes K`` allocates ``nodes + K`` nodes with ``--no-kill`` (so that Slurm keeps
+the allocation when one of its nodes fails) and its batch script runs the training ``srun`` through this loop::
+
+    python -m hpctrain.launch.spares --nodes N --tasks-per-node T --spares K --run-dir DIR -- srun ARGS... CMD...
+
+The loop starts the step on ``N`` of the job's healthy nodes (``srun --nodes N --ntasks N*T --nodelist ...``).
+When the step fails because a node failed (Slurm took it out of the allocation: ``scontrol show job`` lists
+fewer nodes; Slurm 22.05 kills the step's tasks at once, srun says "Node failure on nodeX") or hung (the
+deciding rank's exit record says ``in_job_restart`` and names the suspect hosts), it starts a new step
+without those hosts, up to ``K`` times, and appends an ``in_job_restart`` record to the ledger. Any other
+failure, success, or a job that is being requeued ends the loop with the step's exit code. With no spare
+left, a node failure goes back to the queue: ``scontrol requeue`` and the exclusion of the failed hosts.
+
+Attempt numbers: every step the loop starts gets one (:data:`hpctrain.runtime.env.ATTEMPT_ENV`), one more
+than the highest attempt of this job in the run directory and never below ``SLURM_RESTART_COUNT``, so that
+in-job restarts and requeues never share a per-attempt folder. The ranks read it in
+:func:`hpctrain.runtime.env.from_environ`; nothing else numbers attempts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import typing as tp
+from pathlib import Path
+
+from hpctrain.ledger import Ledger
+from hpctrain.rundir import RunDir
+from hpctrain.runtime.env import ATTEMPT_ENV, expand_hostlist
+
+__all__ = ["SPARES_LEFT_ENV", "next_attempt", "step_argv", "SpareLoop", "main"]
+
+SPARES_LEFT_ENV = "HPCTRAIN_SPARES_LEFT"
+"""Set on every step the loop starts: how many more in-job restarts it can make. The deciding rank does not
+requeue a node failure or hang while it is above zero (:class:`hpctrain.launch.exclusion.Failure`)."""
+
+
+def next_attempt(run_dir: Path, job_id: str, environ: tp.Mapping[str, str] = os.environ) -> int:
+    """The attempt number of the next step of ``job_id``: above every attempt folder it has, at least Slurm's
+    restart count."""
+    done = RunDir(run_dir).attempt_numbers(job_id)
+    slurm = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    return max([slurm] + [n + 1 for n in done])
+
+
+def step_argv(srun: tp.Sequence[str], *, nodes: int, tasks_per_node: int, hosts: tp.Sequence[str]) -> tp.List[str]:
+    """``srun`` with the step's size and node list first (the job's own size counts its spares)."""
+    return [
+        srun[0],
+        f"--nodes={nodes}",
+        f"--ntasks={nodes * tasks_per_node}",
+        f"--ntasks-per-node={tasks_per_node}",
+        f"--nodelist={','.join(hosts)}",
+        *srun[1:],
+    ]
+
+
+def _exit_record(run_dir: Path, job_id: str, attempt: int, wait_s: float) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The ledger's exit record of one attempt, waiting up to ``wait_s`` for a deciding rank still writing it."""
+    deadline = time.monotonic() + wait_s
+    ledger = Ledger(run_dir)
+    while True:
+        mine = [
+            r
+            for r in ledger.records("exit")
+            if str(r.get("job_id")) == str(job_id) and r.get("restart_count") == attempt
+        ]
+        if mine or time.monotonic() >= deadline:
+            return mine[-1] if mine else None
+        time.sleep(0.2)
+
+
+class SpareLoop:
+    """One batch script's loop over training steps (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        nodes: int,
+        tasks_per_node: int,
+        spares: int,
+        srun: tp.Sequence[str],
+        slurm: tp.Any = None,
+        environ: tp.Optional[tp.Mapping[str, str]] = None,
+        run_step: tp.Optional[tp.Callable[[tp.List[str], tp.Dict[str, str]], int]] = None,
+        exit_wait_s: float = 15.0,
+    ) -> None:
+        from hpctrain._slurm import SlurmCommands
+
+        self.run_dir, self.nodes, self.tasks_per_node, self.spares = Path(run_dir), nodes, tasks_per_node, spares
+        self.srun = list(srun)
+        self.slurm = slurm if slurm is not None else SlurmCommands()
+        self.environ = dict(os.environ if environ is None else environ)
+        self.job_id = self.environ.get("SLURM_JOB_ID", "")
+        self.run_step = run_step or (lambda argv, env: subprocess.call(argv, env=env))
+        self.exit_wait_s = exit_wait_s
+        self.bad: tp.List[str] = []
+        self.used = 0
+
+    def job_nodes(self) -> tp.List[str]:
+        """The allocation's nodes now: Slurm drops a failed node from a ``--no-kill`` job's NodeList."""
+        nodelist = self.slurm.job_info(self.job_id).get("NodeList") or self.environ.get("SLURM_JOB_NODELIST", "")
+        return expand_hostlist(nodelist) if nodelist not in ("", "(null)") else []
+
+    def _log(self, text: str) -> None:
+        print(f"hpctrain spares: {text}", file=sys.stderr, flush=True)
+
+    def run(self) -> int:
+        while True:
+            usable = [h for h in self.job_nodes() if h not in self.bad]
+            if len(usable) < self.nodes:
+                self._log(f"only {len(usable)} healthy node(s) left of the {self.nodes} the step needs: giving up")
+                return 1
+            hosts = usable[: self.nodes]
+            attempt = next_attempt(self.run_dir, self.job_id, self.environ)
+            left = min(self.spares - self.used, len(usable) - self.nodes)
+            env = dict(self.environ, **{ATTEMPT_ENV: str(attempt), SPARES_LEFT_ENV: str(left)})
+            argv = step_argv(self.srun, nodes=self.nodes, tasks_per_node=self.tasks_per_node, hosts=hosts)
+            self._log(f"attempt {attempt} on {','.join(hosts)} ({left} spare restart(s) left)")
+            rc = self.run_step(argv, env)
+            failed_at = time.time()
+            if rc == 0:
+                return 0
+            suspects = self._suspects(attempt, hosts, left, failed_at)
+            if suspects is None:
+                return rc
+            self.bad += [h for h in suspects if h not in self.bad]
+            self.used += 1
+            Ledger(self.run_dir).append(
+                {
+                    "event": "in_job_restart",
+                    "time": time.time(),
+                    "job_id": self.job_id,
+                    "restart_count": attempt,
+                    "next_restart_count": next_attempt(self.run_dir, self.job_id, self.environ),
+                    "failed_at": failed_at,
+                    "failed_nodes": suspects,
+                    "excluded_nodes": list(self.bad),
+                    "spares_used": self.used,
+                    "spares": self.spares,
+                }
+            )
+            self._log(f"step of attempt {attempt} failed on {','.join(suspects)}: restarting without it")
+
+    def _suspects(
+        self, attempt: int, hosts: tp.Sequence[str], left: int, failed_at: float
+    ) -> tp.Optional[tp.List[str]]:
+        """The hosts to restart without, or None when the loop should end (not a node failure or hang, the job
+        requeued, no spare left)."""
+        lost = [h for h in hosts if h not in self.job_nodes()]
+        # The deciding rank (a hang, a node failure some rank survived) writes its record in seconds; when Slurm
+        # took a node away it SIGKILLed every task of the step at once and nobody writes one.
+        record = _exit_record(self.run_dir, self.job_id, attempt, 0.0 if lost else self.exit_wait_s)
+        if record is not None and record.get("requeued"):
+            return None
+        if record is not None and record.get("in_job_restart"):
+            return list(dict.fromkeys(lost + list(record.get("suspect_nodes") or [])))
+        if not lost:
+            return None
+        if left > 0:
+            if record is None:
+                self._record_exit(attempt, lost, failed_at, requeued=False, reason="restarting inside the allocation")
+            return lost
+        self._requeue(attempt, lost, failed_at)
+        return None
+
+    def _record_exit(
+        self, attempt: int, lost: tp.Sequence[str], failed_at: float, *, requeued: bool, reason: str, **extra: tp.Any
+    ) -> None:
+        """The exit record of an attempt whose ranks all died with the step: decided here, by the batch script."""
+        from hpctrain.launch.ending import committed_progress
+
+        resumed, committed = committed_progress(self.run_dir, self.job_id, attempt)
+        Ledger(self.run_dir).append(
+            {
+                "event": "exit",
+                "time": failed_at,
+                "job_id": self.job_id,
+                "restart_count": attempt,
+                "cause": "node_failure",
+                "requeued": requeued,
+                "reason": reason,
+                "resumed_from_step": resumed,
+                "committed_step": committed,
+                "failed_nodes": list(lost),
+                "suspect_nodes": list(lost),
+                "in_job_restart": not requeued,
+                "decided_by_rank": None,
+                **extra,
+            }
+        )
+
+    def _requeue(self, attempt: int, lost: tp.Sequence[str], failed_at: float) -> None:
+        """No spare left: back to the queue without the failed hosts (within --max-requeues' bound is the ranks'
+        policy; here the allocation is short of nodes, so the only way on is a new one)."""
+        from hpctrain._slurm import SlurmCommandError
+        from hpctrain.launch.exclusion import exclude_hosts
+
+        try:
+            self.slurm.requeue(self.job_id)
+        except SlurmCommandError as exc:
+            self._record_exit(attempt, lost, failed_at, requeued=False, reason=f"not requeued: {exc}")
+            return
+        excl = exclude_hosts(self.slurm, self.run_dir, self.job_id, lost, nodes_needed=self.nodes + self.spares)
+        self._record_exit(
+            attempt, lost, failed_at, requeued=True, reason="requeued: no spare node left", **excl.record()
+        )
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    from hpctrain._cli import ArgumentParser
+    from hpctrain.errors import UsageError
+
+    parser = ArgumentParser(
+        prog="python -m hpctrain.launch.spares",
+        description="Run the training srun of a --spare-nodes job; restart it on spare nodes after a node failure.",
+    )
+    parser.add_argument("--nodes", type=int, required=True, help="nodes of one training step")
+    parser.add_argument("--tasks-per-node", type=int, required=True)
+    parser.add_argument("--spares", type=int, required=True, help="in-job restarts at most (the spare nodes)")
+    parser.add_argument("--run-dir", required=True)
+    args, rest = parser.parse_known_args(argv)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not rest:
+        raise UsageError("give the srun command line after --")
+    if args.nodes < 1 or args.tasks_per_node < 1 or args.spares < 0:
+        raise UsageError("--nodes and --tasks-per-node must be at least 1, --spares at least 0")
+    if not os.environ.get("SLURM_JOB_ID"):
+        raise UsageError("not inside a Slurm job (SLURM_JOB_ID is not set): run it from the batch script")
+    loop = SpareLoop(
+        run_dir=Path(args.run_dir), nodes=args.nodes, tasks_per_node=args.tasks_per_node, spares=args.spares, srun=rest
+    )
+    return loop.run()
+
+
+if __name__ == "__main__":
+    from hpctrain._cli import console_entry
+
+    console_entry(main, "launch.spares")

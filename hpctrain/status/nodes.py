@@ -1,0 +1,102 @@
+"""Node failures, excluded hosts and in-job restarts of a run, for ``status`` (stdlib only, never torch).
+
+From the ledger (sanitised by :mod:`hpctrain.status.report`): ``exit`` records with ``failed_nodes`` or an
+exclusion (:mod:`hpctrain.launch.exclusion`) and ``in_job_restart`` records (:mod:`hpctrain.launch.spares`).
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+__all__ = ["collect_nodes", "render_nodes"]
+
+SHOWN = 5
+"""The newest node failures and in-job restarts shown (``--json`` has all)."""
+
+
+def _strs(value: tp.Any) -> tp.List[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _num(value: tp.Any) -> tp.Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def collect_nodes(ledger: tp.Sequence[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, tp.Any]:
+    """``{"node_failures": [...], "in_job_restarts": [...], "excluded_nodes": [...]}``, oldest first.
+    An in-job restart's ``failure_to_start_s``: from the failure to the next attempt's ledger start record
+    (written when its first step is near)."""
+    failures, excluded = [], []
+    for r in ledger:
+        if r.get("event") != "exit":
+            continue
+        # every exclusion counts (a hang's host too), but only a failed node is a node failure: a hang's own
+        # line comes from hpctrain.status.faults
+        excluded += [h for h in _strs(r.get("excluded_nodes")) if h not in excluded]
+        if not _strs(r.get("failed_nodes")):
+            continue
+        failures.append(
+            {
+                "job_id": r.get("job_id"),
+                "restart_count": r.get("restart_count"),
+                "time": r.get("time"),
+                "cause": r.get("cause"),
+                "failed_nodes": _strs(r.get("failed_nodes")),
+                "excluded_nodes": _strs(r.get("excluded_nodes")),
+                "not_excluded": _strs(r.get("not_excluded")),
+                "requeued": bool(r.get("requeued")),
+                "in_job_restart": bool(r.get("in_job_restart")),
+            }
+        )
+    starts = [r for r in ledger if r.get("event") == "start"]
+    restarts = []
+    for r in ledger:
+        if r.get("event") != "in_job_restart":
+            continue
+        nxt = next(
+            (
+                s
+                for s in starts
+                if s.get("job_id") == r.get("job_id") and s.get("restart_count") == r.get("next_restart_count")
+            ),
+            None,
+        )
+        failed_at, started = _num(r.get("failed_at")), _num((nxt or {}).get("time"))
+        restarts.append(
+            {
+                "job_id": r.get("job_id"),
+                "restart_count": r.get("restart_count"),
+                "next_restart_count": r.get("next_restart_count"),
+                "failed_nodes": _strs(r.get("failed_nodes")),
+                "spares_used": r.get("spares_used"),
+                "spares": r.get("spares"),
+                "failure_to_start_s": started - failed_at if failed_at is not None and started is not None else None,
+            }
+        )
+    return {"node_failures": failures, "in_job_restarts": restarts, "excluded_nodes": excluded}
+
+
+def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None], text: tp.Callable[..., str]) -> None:
+    """Lines for the ``status`` view: ``out(markup)``; ``text(value, keep)`` escapes a recorded value."""
+    for f in (report.get("node_failures") or [])[-SHOWN:]:
+        then = (
+            "restarted inside the allocation"
+            if f["in_job_restart"]
+            else "requeued"
+            if f["requeued"]
+            else "not requeued"
+        )
+        kept = f" (kept {text(','.join(f['not_excluded']), 200)}: bound)" if f["not_excluded"] else ""
+        out(
+            f"[bold]node fail[/]  attempt {text(f['restart_count'])}: {text(f['cause'])} on "
+            f"[yellow]{text(','.join(f['failed_nodes']) or '?', 200)}[/] · {then}{kept}"
+        )
+    for r in (report.get("in_job_restarts") or [])[-SHOWN:]:
+        took = r["failure_to_start_s"]
+        out(
+            f"[bold]spare[/]      attempt {text(r['restart_count'])} -> {text(r['next_restart_count'])} without "
+            f"{text(','.join(r['failed_nodes']), 200)} (spare {text(r['spares_used'])} of {text(r['spares'])})"
+            + (f" · next attempt started {took:.1f}s after the failure" if took is not None else "")
+        )
+    if report.get("excluded_nodes"):
+        out(f"[bold]excluded[/]   {text(','.join(report['excluded_nodes']), 400)} (scontrol ExcNodeList of the job)")
