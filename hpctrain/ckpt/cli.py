@@ -10,6 +10,7 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._cli import add_json_flag, add_subcommands, command_parser
+from hpctrain._files import fmt_bytes
 from hpctrain.ckpt._format import CheckpointFormatError, step_name
 from hpctrain.ckpt._reader import digest_dir, verify_dir
 from hpctrain.ckpt._scan import (
@@ -112,20 +113,12 @@ def _ls(args: argparse.Namespace) -> int:
             str(r["step"]),
             f"[{colors.get(r['status'], 'white')}]{r['status']}[/]",
             str(r["world_size"] or "-"),
-            _human(r["bytes"]),
+            fmt_bytes(r["bytes"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])),
             escape(r["name"]),
         )
     Console().print(table)
     return 0
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import typing as tp
-
+from hpctrain._files import fmt_bytes
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_html import _card, _colored, _empty, _pct, _pill, _section, _table, _when
 from hpctrain.report.svg_timeline import Row, timeline
@@ -177,7 +176,7 @@ def _checkpoints(data: RunData) -> str:
             f'<span class="{cls}">{esc(status)}</span>',
             esc(_when(r["time"])) if r["time"] is not None else "",
             esc(r["world_size"]) if r["world_size"] is not None else "",
-            esc(_bytes(r["bytes"])),
+            esc(fmt_bytes(r["bytes"])),
             appr_text,
             esc(r["name"], 80) + (f"<br>{esc(r['error'], 200)}" if r["error"] else ""),
         ]
@@ -193,14 +192,3 @@ def _checkpoints(data: RunData) -> str:
         "(committed = a valid manifest). ◆ on the loss chart and the timeline mark the commits."
     )
     return _section("checkpoints", f'<p class="caption">{caption}</p>' + _table(head, out, numeric=(0, 3, 4)))
-
-
-def _bytes(n: tp.Optional[int]) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return "?"  # pragma: no cover

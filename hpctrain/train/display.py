@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from hpctrain._files import fmt_bytes  # the house's one size format, shown here too
+
 __all__ = ["IntervalDisplay", "interval_line", "fmt_duration", "fmt_rate", "fmt_bytes"]
 
 
@@ -50,18 +52,6 @@ def fmt_rate(value: tp.Optional[float]) -> str:
         if abs(rate) >= div:
             return f"{rate / div:.1f}{suffix}"
     return f"{rate:.1f}"
-
-
-def fmt_bytes(value: tp.Optional[float]) -> str:
-    """``512 B``, ``137.2 KiB``, ``11.2 GiB``; anything that is not a finite number as ``?``."""
-    n = _real(value)
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def interval_line(rec: tp.Mapping[str, tp.Any]) -> str:

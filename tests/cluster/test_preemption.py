@@ -47,8 +47,9 @@ def _submit(
 
 
 def _template(run_dir: Path, args: tp.Sequence[str]) -> str:
+    # HPCTRAIN_HANG_TIMEOUT: the template's --hang-timeout path runs in every template test
     env = dict(ENV, HPCTRAIN_ENTRY=ENTRY, HPCTRAIN_RUN_DIR=str(run_dir), HPCTRAIN_PYTHON=sys.executable,
-               HPCTRAIN_SIGNAL_LEAD="30")  # fmt: skip
+               HPCTRAIN_SIGNAL_LEAD="30", HPCTRAIN_HANG_TIMEOUT="600")  # fmt: skip
     run_dir.mkdir(parents=True)
     out = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--time=10", "--partition=low",
