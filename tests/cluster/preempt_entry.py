@@ -15,6 +15,17 @@ import time
 import typing as tp
 
 
+def write_data(path: tp.Any, samples: int) -> None:
+    """The HDF5 input the cluster tests give this entry: ``samples`` rows of 8 features and a label in 0..3."""
+    import h5py
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=rng.standard_normal((samples, 8)).astype("float32"), chunks=(32, 8))
+        f.create_dataset("y", data=rng.integers(0, 4, samples), chunks=(32,))
+
+
 def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="preempt_entry")
     p.add_argument("--data", required=True)

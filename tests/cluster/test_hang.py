@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_slurm_ddp import ENV, ROOT, wait_final
 
 pytestmark = [pytest.mark.slurm]
@@ -26,14 +27,8 @@ def _ledger(run_dir: Path, event: str):
 
 
 def test_a_hung_rank_ends_the_attempt_as_a_hang_which_is_requeued_and_resumes(tmp_path):
-    import h5py
-    import numpy as np
-
     data = tmp_path / "data.h5"
-    rng = np.random.default_rng(0)
-    with h5py.File(data, "w") as f:
-        f.create_dataset("x", data=rng.standard_normal((SAMPLES, 8)).astype("float32"), chunks=(32, 8))
-        f.create_dataset("y", data=rng.integers(0, 4, SAMPLES), chunks=(32,))
+    write_data(data, SAMPLES)
     run_dir = tmp_path / "hang"
     proc = subprocess.run(
         [sys.executable, "-m", "hpctrain.submit", "--nodes", "2", "--tasks-per-node", "1", "--time", "5",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.nodes import failed_node, rank_host
+from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_preemption import STEPS, _calls, _digest, _exits, _ledger, _restarts, _starts, _wait
 from tests.cluster.test_slurm_ddp import ENV, ROOT, wait_final
 
@@ -68,15 +69,9 @@ def _restarts_in_job(run_dir: Path) -> tp.List[tp.Dict[str, tp.Any]]:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    import h5py
-    import numpy as np
-
     root = tmp_path_factory.mktemp("nodefail")
     path = root / "data.h5"
-    rng = np.random.default_rng(0)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=rng.standard_normal((256, 8)).astype("float32"), chunks=(32, 8))
-        f.create_dataset("y", data=rng.integers(0, 4, 256), chunks=(32,))
+    write_data(path, 256)
     common = ["--data", str(path), "--batch", "16", "--steps", str(STEPS), "--ckpt-every", "20"]
     ref = root / "ref"
     job = _submit(ref, args=common)  # the uninterrupted run of the same world size

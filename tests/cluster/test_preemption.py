@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_slurm_ddp import ENV, ROOT, wait_final
 
 pytestmark = [pytest.mark.slurm]
@@ -161,15 +162,9 @@ def _figures(run_dir: Path, job_id: str) -> tp.List[tp.Dict[str, float]]:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    import h5py
-    import numpy as np
-
     root = tmp_path_factory.mktemp("preempt")
     data = root / "data.h5"
-    rng = np.random.default_rng(0)
-    with h5py.File(data, "w") as f:
-        f.create_dataset("x", data=rng.standard_normal((SAMPLES, 8)).astype("float32"), chunks=(32, 8))
-        f.create_dataset("y", data=rng.integers(0, 4, SAMPLES), chunks=(32,))
+    write_data(data, SAMPLES)
     common = ["--data", str(data), "--batch", str(BATCH)]
     run = ["--steps", str(STEPS), *common]
     j: tp.Dict[str, tp.Tuple[str, Path]] = {}
