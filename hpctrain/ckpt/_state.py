@@ -24,6 +24,7 @@ __all__ = [
     "DTYPES",
     "Layout",
     "layout",
+    "LayoutCache",
     "whole",
     "plan_offsets",
     "piece_view",
@@ -33,8 +34,13 @@ __all__ = [
 DTYPES: tp.Dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_SIZES if hasattr(torch, name)}
 
 
+_JSON_LEAVES = frozenset({bool, int, float, str, type(None)})
+
+
 def flatten(obj: tp.Any, path: str, tensors: tp.Dict[str, torch.Tensor]) -> tp.Any:
     """JSON tree of ``obj`` with every tensor replaced by ``{"__tensor__": key}`` (key added to ``tensors``)."""
+    if type(obj) in _JSON_LEAVES:  # first: most nodes are numbers (an RNG state alone is 1250 ints)
+        return obj
     if isinstance(obj, torch.Tensor):
         key = path
         n = 1
@@ -52,7 +58,7 @@ def flatten(obj: tp.Any, path: str, tensors: tp.Dict[str, torch.Tensor]) -> tp.A
     if isinstance(obj, (np.integer, np.floating, np.bool_)):
         return obj.item()
     if isinstance(obj, dict):
-        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+        if _plain_keys(obj):
             return {k: flatten(v, f"{path}/{k}", tensors) for k, v in obj.items()}
         return {
             "__dict__": [[flatten(k, f"{path}/key", {}), flatten(v, f"{path}/{k}", tensors)] for k, v in obj.items()]
@@ -65,6 +71,15 @@ def flatten(obj: tp.Any, path: str, tensors: tp.Dict[str, torch.Tensor]) -> tp.A
         f"cannot checkpoint {path}: a {type(obj).__name__} is not a tensor or JSON value; "
         "convert it to tensors/numbers/strings in state_dict() (hpctrain never pickles)"
     )
+
+
+def _plain_keys(d: tp.Mapping[tp.Any, tp.Any]) -> bool:
+    """Every key a string not starting with ``__`` (a plain loop: ``all()`` over a generator cost a third of
+    ``flatten`` on an optimizer state of thousands of small dicts)."""
+    for k in d:
+        if not isinstance(k, str) or k.startswith("__"):
+            return False
+    return True
 
 
 def unflatten(tree: tp.Any, tensors: tp.Mapping[str, torch.Tensor]) -> tp.Any:
@@ -123,7 +138,14 @@ class Layout(tp.NamedTuple):
     digest: str
 
 
-def layout(tensors: tp.Mapping[str, torch.Tensor]) -> Layout:
+def layout(tensors: tp.Mapping[str, torch.Tensor], cache: tp.Optional["LayoutCache"] = None) -> Layout:
+    """Per-tensor metadata and a digest of the keys, dtypes and shapes. With ``cache``: when the keys, dtypes
+    and shapes are those of the previous call (a training loop saves the same state every time), the names,
+    sizes and digest are reused and only the tensors are new (a third of the cost on 4000 tensors)."""
+    key_sig = [(key, t.dtype, t.shape) for key, t in tensors.items()]
+    if cache is not None and cache.sig == key_sig:
+        items = [(key, t, name, es, n) for (key, name, es, n), t in zip(cache.meta, tensors.values())]
+        return Layout(items, cache.total, cache.digest)
     items, total, sig = [], 0, []
     for key, t in tensors.items():
         name, es = _dtype_info(t.dtype)
@@ -131,7 +153,21 @@ def layout(tensors: tp.Mapping[str, torch.Tensor]) -> Layout:
         items.append((key, t, name, es, n))
         sig.append((key, name, tuple(t.shape)))
         total += es * n
-    return Layout(items, total, hashlib.sha1(repr(sig).encode()).hexdigest())
+    lay = Layout(items, total, hashlib.sha1(repr(sig).encode()).hexdigest())
+    if cache is not None:
+        cache.sig, cache.meta = key_sig, [(key, name, es, n) for key, _, name, es, n in items]
+        cache.total, cache.digest = total, lay.digest
+    return lay
+
+
+class LayoutCache:
+    """The previous :func:`layout` call's signature and metadata (one per checkpointer)."""
+
+    def __init__(self) -> None:
+        self.sig: tp.Optional[tp.List[tp.Any]] = None
+        self.meta: tp.List[tp.Tuple[str, str, int, int]] = []
+        self.total = 0
+        self.digest = ""
 
 
 def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], rank: int, world: int) -> tp.List[Piece]:
