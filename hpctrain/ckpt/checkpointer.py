@@ -42,6 +42,7 @@ from hpctrain.ckpt._scan import (
 )
 from hpctrain.ckpt._staging import Stager
 from hpctrain.ckpt._state import (
+    LayoutCache,
     Piece,
     _dtype_info,
     capture_rng,
@@ -82,6 +83,12 @@ class RestoreResult:
     committed_at: tp.Optional[float] = None
     """When this step was committed (its manifest's ``time``, Unix seconds; None if not a finite number), so
     that callers (the Trainer's ledger: progress lost by a restart) never parse manifests themselves."""
+    tier: str = "global"
+    """Which tier the step came from: ``global`` (``dir``) or ``local`` (node-local + partner copies,
+    ``hpctrain.ckpt.tiers``)."""
+    global_step: tp.Optional[int] = None
+    """The newest global commit when restored from the local tier (``step - global_step``: steps the local
+    tier saved from being redone); the step itself for a global restore."""
 
 
 class Checkpointer:
@@ -109,6 +116,7 @@ class Checkpointer:
         self.rank, self.world_size = self._comm.rank, self._comm.world
         self._writer: tp.Optional[Writer] = None
         self._stager = Stager()
+        self._layouts = LayoutCache()  # the previous save's tensor metadata, reused while the state keeps its shapes
         self._abort = threading.Event()
         self._deleter = Deleter() if self.rank == 0 else None
         if self._deleter is not None:
@@ -158,7 +166,7 @@ class Checkpointer:
         tensors: tp.Dict[str, torch.Tensor] = {}
         trees = {name: flatten(state, name, tensors) for name, state in states.items()}
         plain, sharded, sharded_bytes, sig = self._split_sharded(tensors)
-        lay = layout(plain)
+        lay = layout(plain, self._layouts)
         pieces = split_replicated(lay, self.rank, self.world_size) + sharded
         local: tp.Dict[str, torch.Tensor] = {}
         local_tree = {"rng": flatten(capture_rng(), "local/rng", local)}
@@ -174,19 +182,20 @@ class Checkpointer:
         }
         if self.rank == 0:
             header["trees"] = trees
-        header_bytes = encode_header(header)
-        total = (
-            lay.total
-            + sharded_bytes
-            + self.world_size
-            * (len(header_bytes) + sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries))
-        )
+        local_bytes = sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(entries)
+
+        def shard_plan() -> ShardPlan:
+            """The header's JSON and the plan: in the writer thread for an async save (the header holds only
+            copies, never the caller's objects; encoding it was a fifth of the step's blocking time)."""
+            header_bytes = encode_header(header)
+            total = lay.total + sharded_bytes + self.world_size * (len(header_bytes) + local_bytes)
+            return ShardPlan(header_bytes, chunks, digest, total)
+
         # async: copy everything into the reused host arena (pinned on a GPU) and return right after the
         # copy; blocking: the caller waits for the commit, so large CPU tensors are written straight from
         # their own memory and only the small ones are copied (coalesced into a few large writes)
         chunks = self._stager.stage(pieces, entries, data_size, direct_min=SMALL_PIECE_BYTES if blocking else None)
         digest = hashlib.sha1((lay.digest + repr(sig)).encode()).hexdigest() if sig else lay.digest
-        plan = ShardPlan(header_bytes, chunks, digest, total)
         manifest_extra = {
             "format_version": 2 if sig else 1,  # 1 when nothing is sharded: older hpctrain reads it
             "run_id": self.run_id,
@@ -198,11 +207,11 @@ class Checkpointer:
             "job_id": self._comm.job_id,
         }
         if blocking:
-            return self._commit(step, plan, manifest_extra)
+            return self._commit(step, shard_plan(), manifest_extra)
         if self._writer is None:
             self._writer = Writer()
         self._abort.clear()
-        self._writer.submit(lambda: self._commit(step, plan, manifest_extra))
+        self._writer.submit(lambda: self._commit(step, shard_plan(), manifest_extra))
         return None
 
     def _split_sharded(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from hpctrain._validate import check_bool, check_choice, check_int, check_number, check_path, check_strings
 from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S
+from hpctrain.errors import UsageError
 
 __all__ = ["CheckpointConfig", "RESTORE_MODES", "RESTORE_EXCHANGES", "ABANDONED_AFTER_S", "check_field"]
 
@@ -72,10 +73,28 @@ class CheckpointConfig:
     group. ``device``: over the training (default) process group through buffers on its device, at most 1 GiB
     of device memory at a time (under NCCL: NVLink/InfiniBand instead of TCP). ``auto``: ``device`` when the
     default group is NCCL, else ``host``."""
+    local_every_steps: int = 0
+    """The local tier (docs/checkpoint.md, "Tiers"): the Trainer saves every N steps to node-local storage, each
+    rank's shard also copied to a rank on the next node (its partner); 0 = off. Used by the Trainer
+    (``hpctrain.ckpt.tiers.TieredCheckpointer``), not by a plain Checkpointer."""
+    global_every: int = 5
+    """Every K-th local save is written to ``dir`` (the global tier, on the shared filesystem) instead."""
+    local_dir: tp.Optional[tp.Union[str, os.PathLike]] = None
+    """Node-local directory of the local tier; None = ``$SLURM_TMPDIR``, else ``$TMPDIR``, else ``/tmp``.
+    ``/dev/shm`` is allowed with ``local_max_bytes`` set (it is memory)."""
+    local_max_bytes: int = 0
+    """Most bytes the local tier may hold on one node (its own and its partner copies of the last 2 steps);
+    a local save that would exceed it fails with a clear line and the run goes on with the global tier.
+    0 = no bound but the filesystem's free space; required for ``/dev/shm``."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             check_field(self, f.name, getattr(self, f.name))
+        if self.local_dir is not None and str(self.local_dir).startswith("/dev/shm") and not self.local_max_bytes:
+            raise UsageError(
+                f"CheckpointConfig.local_dir={str(self.local_dir)!r} is memory: set CheckpointConfig.local_max_bytes "
+                "(bytes of the node's memory the local tier may hold)"
+            )
         object.__setattr__(self, "lustre_stripe", tuple(self.lustre_stripe))
 
 
@@ -92,6 +111,10 @@ _RULES: tp.Dict[str, tp.Callable[[tp.Any, str, tp.Any], tp.Any]] = {
     "abandoned_after_s": functools.partial(check_number, above=0, hint="seconds"),
     "restore_mode": functools.partial(check_choice, choices=RESTORE_MODES),
     "restore_exchange": functools.partial(check_choice, choices=RESTORE_EXCHANGES),
+    "local_every_steps": functools.partial(check_int, min=0, hint="steps; 0 = local tier off"),
+    "global_every": functools.partial(check_int, min=1, hint="every K-th local save goes to the global tier"),
+    "local_dir": functools.partial(check_path, what="a directory path", none_ok=True, hint="None = $SLURM_TMPDIR"),
+    "local_max_bytes": functools.partial(check_int, min=0, hint="bytes per node; 0 = no bound"),
 }
 
 

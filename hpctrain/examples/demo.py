@@ -109,6 +109,11 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--ckpt-dir", help="checkpoint directory (default: RUN_DIR/checkpoints); a run resumes from it")
     p.add_argument("--keep", type=int, default=2, help="committed checkpoints to keep")
+    p.add_argument(
+        "--local-every", type=int, default=0, metavar="STEPS", help="local+partner tier save every STEPS (0: off)"
+    )
+    p.add_argument("--global-every", type=int, default=5, metavar="K", help="every K-th local save goes global")
+    p.add_argument("--local-dir", metavar="PATH", help="node-local tier dir (default: $SLURM_TMPDIR, $TMPDIR, /tmp)")
     p.add_argument("--log-every", type=int, default=10, help="steps per metrics interval")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--clip", type=float, default=0.0, help="gradient-norm clipping (0: off)")
@@ -130,8 +135,8 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if opts.layers < 0 or (isinstance(opts.activation_checkpoint, int) and opts.activation_checkpoint < 1):
         p.error("--layers must be >= 0, --activation-checkpoint none, full or K >= 1")
-    if opts.ckpt_every < 0 or opts.workers < 0 or opts.keep < 1:
-        p.error("--ckpt-every and --workers must be >= 0, --keep >= 1")
+    if opts.ckpt_every < 0 or opts.workers < 0 or opts.keep < 1 or opts.local_every < 0 or opts.global_every < 1:
+        p.error("--ckpt-every, --local-every and --workers must be >= 0, --keep and --global-every >= 1")
     return opts
 
 
@@ -139,6 +144,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     import torch
     import torch.distributed as dist
 
+    from hpctrain.ckpt import CheckpointConfig
     from hpctrain.data import H5DataConfig
     from hpctrain.train import CheckpointPolicy, MetricsConfig, ParallelConfig, TrainConfig, Trainer
 
@@ -154,7 +160,15 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         grad_clip=opts.clip,
         amp=opts.amp,
         checkpoint=CheckpointPolicy(
-            dir=opts.ckpt_dir, every_steps=opts.ckpt_every, every_minutes=opts.ckpt_minutes, keep_last=opts.keep
+            every_steps=opts.ckpt_every,
+            every_minutes=opts.ckpt_minutes,
+            config=CheckpointConfig(
+                dir=opts.ckpt_dir,
+                keep_last=opts.keep,
+                local_every_steps=opts.local_every,
+                global_every=opts.global_every,
+                local_dir=opts.local_dir,
+            ),
         ),
         metrics=MetricsConfig(enabled=not opts.no_metrics, display=not opts.quiet),
         accept_data_change=opts.accept_data_change,

@@ -195,6 +195,8 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "launcher": Str(),
         "world_size": WORLD,
         "resumed_from_step": STEP,
+        "restored_tier": Str(),
+        "local_tier_saved_steps": STEP,
         "total_steps": STEP,
         "checkpoint_dir": Str(pattern=r"[^\x00]+", what="a path"),
         "startup_s": SECONDS,

@@ -222,7 +222,8 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
                 "" if r.get("job_id") is None else _plain(r["job_id"], 40),
                 "" if r.get("restart_count") is None else str(r["restart_count"]),
                 _plain(",".join(hosts[:3]) + (f" +{len(hosts) - 3}" if len(hosts) > 3 else ""), 120),
-                "" if from_step is None else str(from_step),
+                ("" if from_step is None else str(from_step))
+                + (f" (local +{r['local_tier_saved_steps']})" if r.get("restored_tier") == "local" else ""),
                 fmt_duration(r["lost_s"]) if r.get("lost_s") is not None else "",
                 fmt_duration(r["down_s"]) if r.get("down_s") is not None else "",
                 f"{r['startup_s']:.1f}s" if r.get("startup_s") is not None else "",

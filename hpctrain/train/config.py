@@ -41,7 +41,8 @@ PathLike = tp.Union[str, os.PathLike]
 @dataclass(kw_only=True)
 class CheckpointPolicy:
     """When the Trainer saves, and the :class:`~hpctrain.ckpt.CheckpointConfig` it saves with. Saving is on
-    when ``every_steps`` or ``every_minutes`` is set.
+    when ``every_steps``, ``every_minutes`` or ``config.local_every_steps`` (the local tier: docs/checkpoint.md,
+    "Tiers") is set.
 
     ``dir`` and ``keep_last`` are shorthands for ``config.dir`` and ``config.keep_last``:
     ``CheckpointPolicy(every_steps=200, dir="/lustre/ck", keep_last=5)`` is
@@ -81,7 +82,7 @@ class CheckpointPolicy:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.every_steps or self.every_minutes)
+        return bool(self.every_steps or self.every_minutes or (self.config and self.config.local_every_steps))
 
     def __post_init__(self, dir: tp.Optional[PathLike], keep_last: tp.Optional[int]) -> None:
         check_int(self, "every_steps", self.every_steps, min=0, hint="0 = not by step count")

@@ -33,6 +33,10 @@ class AttemptProgress:
     """Seconds of the last blocking save."""
     step_s: tp.Optional[float] = None
     """Mean seconds per step of this attempt (set when the loop ends)."""
+    restored_tier: tp.Optional[str] = None
+    """The checkpoint tier the start restored from (``local`` or ``global``; None on a fresh start)."""
+    restored_global_step: tp.Optional[int] = None
+    """The newest global commit at that restore (less than the restored step when the local tier served)."""
 
 
 class AttemptRecords:
@@ -52,9 +56,11 @@ class AttemptRecords:
         ckpt_dir: tp.Optional[Path],
         committed_at: tp.Optional[float],
         identity: tp.Optional[tp.Mapping[str, tp.Any]] = None,
+        progress: tp.Optional[AttemptProgress] = None,
     ) -> None:
         """``committed_at``: when the restored checkpoint was committed (``RestoreResult.committed_at``);
-        ``identity``: the attempt's identity fields (``RunIdentity.as_record``), carried as they are."""
+        ``identity``: the attempt's identity fields (``RunIdentity.as_record``), carried as they are;
+        ``progress``: its ``restored_tier`` and the steps the local tier saved over the newest global commit."""
         if self.ledger is None:
             return
         ctx, now = self.ctx, time.time()
@@ -90,6 +96,11 @@ class AttemptRecords:
             "config": self.config.to_dict(),
             **dict(identity or {}),
         }
+        if progress is not None and progress.restored_tier == "local":  # which tier, and what it saved
+            record["restored_tier"] = "local"
+            record["local_tier_saved_steps"] = start_step - (progress.restored_global_step or 0)
+        elif progress is not None and progress.restored_tier:
+            record["restored_tier"] = progress.restored_tier
         self.ledger.append(record)
         self.started = True
 

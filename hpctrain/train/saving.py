@@ -1,5 +1,9 @@
 """The Trainer's checkpoints during ``fit``: periodic saves by step count or by time, and the final one.
 
+With the local tier on (``CheckpointConfig.local_every_steps``, a ``TieredCheckpointer``), every that many
+steps a save goes to the local tier, every ``global_every``-th of them to the global one; saves by
+``every_steps``/``every_minutes`` and the last one (end or stop: the next attempt may get other nodes) are global.
+
 Periodic saves are async by default (the step waits only for the copy to host memory). A time-based save
 is asked for by rank 0's clock at a log interval and carried to every rank by that interval's collective
 (:attr:`Saver.requested`), so that all ranks save the same step. The last step, whether training ended or
@@ -71,10 +75,13 @@ class Saver:
             job_mtbf_seconds(nodes or _num_nodes(), policy.mtbf_node_hours) if self.auto and ckpt is not None else None
         )
 
-    def save(self, step: int, *, blocking: bool) -> None:
+    def save(self, step: int, *, blocking: bool, tier: str = "global") -> None:
+        """``tier``: ``global``, or ``auto`` (the local tier, every ``global_every``-th of them global) when the
+        checkpointer is a TieredCheckpointer; a plain Checkpointer has the global tier only."""
         data_state = {"loader": self.loader.state_dict()} if self.loader is not None else {}
         t0 = self.clock()
-        self.ckpt.save(step, data_state=data_state, blocking=blocking, **self.state)
+        kw = {"tier": tier} if getattr(self.ckpt, "tiered", False) else {}
+        self.ckpt.save(step, data_state=data_state, blocking=blocking, **self.state, **kw)
         stall = self.clock() - t0
         self.stalls.append(stall)
         if blocking:  # only a blocking save is known committed here, and only its time is the save's time
@@ -98,9 +105,12 @@ class Saver:
         pol = self.policy
         if self.ckpt is None or step >= total:
             return False
-        if not ((pol.every_steps and step % pol.every_steps == 0) or self.requested):
+        if (pol.every_steps and step % pol.every_steps == 0) or self.requested:
+            self.save(step, blocking=not pol.async_save)
+        elif getattr(self.ckpt, "tiered", False) and step % (pol.config.local_every_steps or total + 1) == 0:
+            self.save(step, blocking=not pol.async_save, tier="auto")  # local, every global_every-th global
+        else:
             return False
-        self.save(step, blocking=not pol.async_save)
         self.requested = False
         return True
 

@@ -189,6 +189,9 @@ class Trainer:
             got = watchdog.during("restore", self._restore, built)
             start = got.step if got is not None else 0
             progress.step, progress.committed_step = start, (start or None)
+            if got is not None and getattr(built.ckpt, "tiered", False):  # the ledger names the tier it came from
+                progress.restored_tier = getattr(got, "tier", "global")
+                progress.restored_global_step = getattr(got, "global_step", got.step)
             committed_at = got.committed_at if got is not None else None
             result = self._train(built, start, total, committed_at, progress, records, evaluator)
             status = "stopped" if result.stopped else "completed"
@@ -260,10 +263,11 @@ class Trainer:
         if not pol.enabled:
             return None
         from hpctrain.ckpt import Checkpointer
+        from hpctrain.ckpt.tiers import TieredCheckpointer
 
         ck_config = pol.checkpointer_config(RunDir(self.run_dir).checkpoints)  # dir None: the run's default
         b.ckpt_dir = Path(ck_config.dir)
-        b.ckpt = Checkpointer(
+        b.ckpt = (TieredCheckpointer if ck_config.local_every_steps else Checkpointer)(
             ck_config, run_id=str(self.ctx.job_id or ""), identity=(self.identity or {}).get("identity") or ""
         )
         if not pol.resume:
@@ -274,8 +278,13 @@ class Trainer:
         if got is not None:
             if b.loader is not None:
                 self._restore_loader(b.loader, (got.data_state or {}).get("loader", {}))
+            tier = getattr(got, "tier", "global")
+            newer = got.step - (got.global_step or 0)
+            saved = f", {newer} steps newer than the newest global commit" if tier == "local" else ""
+            where = f" from the {tier} tier{saved}" if tier == "local" or ck_config.local_every_steps else ""
             self.display.note(
-                f"hpctrain.train: resumed from step {got.step} (saved by {got.saved_world_size} ranks): {got.path}"
+                f"hpctrain.train: resumed from step {got.step} (saved by {got.saved_world_size} ranks)"
+                f"{where}: {got.path}"
             )
         return got
 
@@ -327,7 +336,12 @@ class Trainer:
             saver = Saver(b.ckpt, pol, state=state, loader=b.loader, progress=progress)
             step, loss, eval_loss = start, None, None
             records.start(
-                start_step=start, total=total, ckpt_dir=b.ckpt_dir, committed_at=committed_at, identity=self.identity
+                start_step=start,
+                total=total,
+                ckpt_dir=b.ckpt_dir,
+                committed_at=committed_at,
+                identity=self.identity,
+                progress=progress,
             )
             rec.start_interval(start)
             # a stop that came during start-up (restore, loader warm-up) is acted on before the first step

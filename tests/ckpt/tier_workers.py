@@ -1,0 +1,124 @@
+"""Rank bodies for the tier tests (tests/ckpt/test_tiers*.py): save steps through the tiers, restore, report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import typing as tp
+
+from hpctrain.ckpt.tiers import TieredCheckpointer
+from tests.ckpt.workers import build, cfg, state_hash
+
+
+def _ck(gdir: str, ldir: str, identity: str, **kw: tp.Any) -> TieredCheckpointer:
+    kw.setdefault("local_every_steps", 1)
+    kw.setdefault("global_every", 3)
+    return TieredCheckpointer(cfg(gdir, local_dir=ldir, keep_last=0, **kw), run_id="run-t", identity=identity)
+
+
+def save(
+    rank: int,
+    world: int,
+    gdir: str,
+    ldir: str,
+    steps: tp.Sequence[int],
+    identity: str = "id-A",
+    fault_at: tp.Optional[int] = None,
+    fault: str = "",
+    blocking: bool = True,
+    opts: tp.Optional[tp.Dict[str, tp.Any]] = None,
+    **kw: tp.Any,
+) -> tp.List[tp.Tuple[int, str]]:
+    """Save each step (state built with seed=step) with ``tier="auto"``; return (step, tier) per save; arm
+    ``HPCTRAIN_CKPT_FAULT`` for step ``fault_at``. Errors of failed local saves are logged, not raised."""
+    ck = _ck(gdir, ldir, identity, **{**kw, **(opts or {})})
+    out = []
+    for s in steps:
+        model, opt, sched = build(seed=s)
+        if s == fault_at:
+            os.environ["HPCTRAIN_CKPT_FAULT"] = fault
+        try:
+            ck.save(s, model=model, optimizer=opt, scheduler=sched, data_state={"step": s}, blocking=blocking)
+            ck.wait()
+        finally:
+            os.environ.pop("HPCTRAIN_CKPT_FAULT", None)
+        out.append((s, ck.last_tier))
+    ck.close()
+    return out
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: tp.List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def restore(rank: int, world: int, gdir: str, ldir: str, identity: str = "id-A", **kw: tp.Any) -> tp.Dict[str, tp.Any]:
+    """Restore into fresh objects: the step, tier, newest global step, state hash and the log lines."""
+    lines = _Lines()
+    logging.getLogger("hpctrain.ckpt").addHandler(lines)
+    ck = _ck(gdir, ldir, identity, **kw)
+    model, opt, sched = build(seed=999, steps=0)
+    res = ck.restore(model=model, optimizer=opt, scheduler=sched)
+    ck.close()
+    logging.getLogger("hpctrain.ckpt").removeHandler(lines)
+    if res is None:
+        return {"step": None, "lines": lines.lines}
+    return {
+        "step": res.step,
+        "tier": res.tier,
+        "global_step": res.global_step,
+        "hash": state_hash(model, opt, sched),
+        "data_state": res.data_state,
+        "lines": lines.lines,
+    }
+
+
+def _apply(op: tp.Tuple[str, str]) -> None:
+    import shutil
+    from pathlib import Path
+
+    what, path = op
+    if what == "rmtree":
+        shutil.rmtree(path)
+    elif what == "unlink":
+        Path(path).unlink()
+    elif what == "flip":
+        data = bytearray(Path(path).read_bytes())
+        data[-100] ^= 0xFF
+        Path(path).write_bytes(bytes(data))
+    elif what == "copytree":
+        src, dst = path.split("|")
+        shutil.copytree(src, dst)
+
+
+def scenarios(
+    rank: int,
+    world: int,
+    gdir: str,
+    ldir: str,
+    steps: tp.Sequence[int],
+    cases: tp.Sequence[tp.Tuple[tp.Sequence[tp.Tuple[str, str]], tp.Dict[str, tp.Any]]],
+    opts: tp.Optional[tp.Dict[str, tp.Any]] = None,
+) -> tp.Dict[str, tp.Any]:
+    """One launch, several checks: save ``steps``, then per case rank 0 applies its damage (ops), every rank
+    restores with the case's arguments (``identity``, ``gdir``), and the results are collected. ``opts``: more
+    CheckpointConfig fields for the saves."""
+    import torch.distributed as dist
+
+    lines = _Lines()
+    logging.getLogger("hpctrain.ckpt").addHandler(lines)
+    saved = save(rank, world, gdir, ldir, steps, opts=opts) if steps else []
+    logging.getLogger("hpctrain.ckpt").removeHandler(lines)
+    out = []
+    for ops, args in cases:
+        dist.barrier()
+        if rank == 0:
+            for op in ops:
+                _apply(op)
+        dist.barrier()
+        out.append(restore(rank, world, args.get("gdir", gdir), ldir, args.get("identity", "id-A")))
+    return {"saved": saved, "save_lines": lines.lines, "restores": out}
