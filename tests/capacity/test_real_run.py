@@ -39,8 +39,10 @@ def test_capacity_of_the_demo_from_its_own_records(calibration, capsys):
     report = json.loads(capsys.readouterr().out)
     cal = report["calibration"]
     assert [c["world_size"] for c in cal] == [1, 2]
-    # what the records hold: the model's gradient bytes (16 -> 128 -> 10 MLP, float32), the dataset, saves
-    assert cal[0]["grad_bytes"] == 4 * (16 * 128 + 128 + 128 * 10 + 10)
+    # what the records hold: the model's gradient bytes (the demo's 16 -> 128 -> 10 network, float32), the dataset
+    from hpctrain.examples.demo import _model
+
+    assert cal[0]["grad_bytes"] == 4 * sum(p.numel() for p in _model(16, 128, 10, 2).parameters())
     assert cal[0]["dataset_samples"] == 2000 and cal[0]["bytes_per_sample"] == 16 * 4 + 8
     assert cal[1]["probe"]["world_size"] == 2 and len(cal[1]["probe"]["sizes"]) == 2 and cal[0]["probe"] is None
     assert all(c["save_commit_s"] and c["startup_s"] and c["checkpoint_bytes"] for c in cal)
