@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -213,11 +214,25 @@ def test_workers_ignore_slurm_signals(files):
         assert len(rest) + 1 == len(x) and got
 
 
+def _state(pid):
+    """The process state letter of ``pid`` (``R``, ``S``, ``Z``, ...), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def test_a_killed_worker_is_a_clear_error(files):
     with H5Loader(cfg(files["gzip"], num_workers=2, prefetch_depth=1), rank=0, world_size=1) as x:
         it = iter(x)
         next(it)
-        os.kill(x.worker_pids()[0], signal.SIGKILL)
+        pid = x.worker_pids()[0]
+        os.kill(pid, signal.SIGKILL)
+        # the precondition is a dead worker: on a loaded machine a SIGKILLed process can stay in its exit path
+        # (state R, its socket still open) for seconds, and the loader cannot yet tell it from a live one
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _state(pid) not in ("Z", "X", None):
+            time.sleep(0.05)
         with pytest.raises(HpctrainError, match="data worker 0 died"):
             for _ in it:
                 pass
