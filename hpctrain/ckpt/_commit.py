@@ -166,6 +166,10 @@ class ShardPlan:
     chunks: tp.List[tp.Tuple[int, memoryview]]  # (offset from data start, bytes)
     layout: str
     total_bytes: int  # all ranks together (for the free-space check)
+    expect_crc: tp.Optional[int] = None
+    """A copy of a shard already written (the local tier drained to the global one): the crc32 its manifest
+    records; the copy is refused when its bytes do not match, so a damaged local file never reaches the
+    global tier."""
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -296,6 +300,8 @@ def commit_save(
             if aborted():
                 raise OSError("save abandoned")
             size, crc = write_shard(tmp / name, plan, rank, stripe, lustre)
+            if plan.expect_crc is not None and crc != plan.expect_crc:
+                raise OSError(f"the source copy fails its checksum (crc32 {crc:#x}, manifest {plan.expect_crc:#x})")
             fault("after_fsync", rank)
     except OSError as exc:
         hint = " (disk full)" if getattr(exc, "errno", None) == 28 else ""

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import math
+import mmap
 import os
 import socket
 import threading
@@ -64,6 +65,8 @@ __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
 log = logging.getLogger("hpctrain.ckpt")
 
 _STATE_NAMES = ("model", "optimizer", "scheduler", "scaler")
+COPY_DROPS = ("tier", "tier_key", "global_dir", "node_of", "host_of")
+"""Manifest fields of a local-tier step that a copy into the global tier leaves out."""
 
 
 @dataclass
@@ -259,6 +262,53 @@ class Checkpointer:
         if self._deleter is not None:
             self._deleter.submit(self._retain)  # planned and done in the background: never delays a save
         return final
+
+    def save_copy(
+        self, step: int, source: Path, manifest: tp.Dict[str, tp.Any], *, blocking: bool = True
+    ) -> tp.Optional[Path]:
+        """Commit ``step`` as a copy of a committed step elsewhere: this rank's shard file in ``source`` (the
+        local tier's ``step-N``), whose ``manifest`` gives its size and crc32, goes through the same two-phase
+        commit as :meth:`save` (the bytes are copied, never re-staged from the model; a copy whose crc32 differs
+        from the manifest's is refused on every rank). Non-blocking: the copy and the commit run in the
+        background writer (see :meth:`wait`)."""
+        self.wait()
+        shards = {int(sh["rank"]): sh for sh in manifest["shards"]}
+        if int(manifest.get("world_size", -1)) != self.world_size or set(shards) != set(range(self.world_size)):
+            raise HpctrainError(f"save_copy: {source} holds a save of another world size than {self.world_size}")
+        mine = shards[self.rank]
+        # the same on every rank (every node's manifest lists the same shards): the agreement's layout field
+        digest = hashlib.sha1(json.dumps([manifest["shards"], manifest.get("entries")]).encode()).hexdigest()
+        total = sum(int(sh["bytes"]) for sh in manifest["shards"])
+        own = {"format", "step", "world_size", "shards", "torch", *COPY_DROPS}
+        extra = {k: v for k, v in manifest.items() if k not in own}
+
+        def job() -> Path:
+            mm, chunks, expect = None, [], -1
+            try:
+                with open(source / mine["file"], "rb") as f:
+                    if os.fstat(f.fileno()).st_size != int(mine["bytes"]):
+                        raise OSError(f"{source / mine['file']} is not {mine['bytes']} bytes")
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the page cache's bytes, no copy
+                chunks, expect = [(0, memoryview(mm))], int(mine["crc32"])
+            except OSError as exc:  # still take part: an empty copy fails its checksum, every rank refuses together
+                log.error("hpctrain.ckpt: rank %d cannot read its copy of step %d: %s", self.rank, step, exc)
+            try:
+                return self._commit(step, ShardPlan(b"", chunks, digest, total, expect_crc=expect), extra)
+            finally:
+                chunks.clear()
+                try:
+                    if mm is not None:
+                        mm.close()
+                except BufferError:  # a view still referenced: the map goes with it
+                    pass
+
+        if blocking:
+            return job()
+        if self._writer is None:
+            self._writer = Writer()
+        self._abort.clear()
+        self._writer.submit(job)
+        return None
 
     def _retain(self) -> None:
         entries = scan(self.root)

@@ -17,11 +17,22 @@ from hpctrain._validate import check_bool, check_choice, check_int, check_number
 from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S
 from hpctrain.errors import UsageError
 
-__all__ = ["CheckpointConfig", "RESTORE_MODES", "RESTORE_EXCHANGES", "ABANDONED_AFTER_S", "check_field"]
+__all__ = [
+    "CheckpointConfig",
+    "RESTORE_TIERS",
+    "RESTORE_MODES",
+    "RESTORE_EXCHANGES",
+    "ABANDONED_AFTER_S",
+    "check_field",
+]
 
 # Defined here, where the login node reads them without torch. _restore.RESTORE_MODES, _fetch.EXCHANGES and
 # _scan.ABANDONED_AFTER_S must be these objects (tests/ckpt/test_config.py checks that they are equal).
 
+RESTORE_TIERS = ("global", "local", "partner")
+"""Where a restore came from (``RestoreResult.tier``, the ledger's ``restored_tier``): the global tier (``dir``),
+the local tier with every shard on the node that wrote it, or the local tier with some shard taken from its
+partner copy on another node (its own node was lost or replaced)."""
 RESTORE_MODES = ("auto", "read_once", "read_all")
 """``CheckpointConfig.restore_mode`` values."""
 RESTORE_EXCHANGES = ("auto", "host", "device")
@@ -78,10 +89,14 @@ class CheckpointConfig:
     rank's shard also copied to a rank on the next node (its partner); 0 = off. Used by the Trainer
     (``hpctrain.ckpt.tiers.TieredCheckpointer``), not by a plain Checkpointer."""
     global_every: int = 5
-    """Every K-th local save is written to ``dir`` (the global tier, on the shared filesystem) instead."""
+    """Every K-th local save also goes to ``dir`` (the global tier, on the shared filesystem): its local copy,
+    once committed, is copied there in the background (never staged from the model a second time)."""
     local_dir: tp.Optional[tp.Union[str, os.PathLike]] = None
     """Node-local directory of the local tier; None = ``$SLURM_TMPDIR``, else ``$TMPDIR``, else ``/tmp``.
-    ``/dev/shm`` is allowed with ``local_max_bytes`` set (it is memory)."""
+    ``{host}`` in it is replaced by the node's host name (a path on a filesystem the nodes share, that must
+    act per node). ``/dev/shm`` is allowed with ``local_max_bytes`` set (it is memory). A local copy serves a
+    requeued job only where this directory outlives the job: ``$SLURM_TMPDIR`` of a job container does not
+    (it still serves restarts inside the allocation: spare nodes, hangs)."""
     local_max_bytes: int = 0
     """Most bytes the local tier may hold on one node (its own and its partner copies of the last 2 steps);
     a local save that would exceed it fails with a clear line and the run goes on with the global tier.

@@ -13,6 +13,7 @@ import time
 import typing as tp
 
 from hpctrain._files import shorten
+from hpctrain.ckpt.config import RESTORE_TIERS
 from hpctrain.status.faults import render_faults
 from hpctrain.status.nodes import render_nodes
 from hpctrain.train.display import fmt_bytes, fmt_duration, fmt_rate
@@ -223,7 +224,11 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
                 "" if r.get("restart_count") is None else str(r["restart_count"]),
                 _plain(",".join(hosts[:3]) + (f" +{len(hosts) - 3}" if len(hosts) > 3 else ""), 120),
                 ("" if from_step is None else str(from_step))
-                + (f" (local +{r['local_tier_saved_steps']})" if r.get("restored_tier") == "local" else ""),
+                + (
+                    f" ({r['restored_tier']} +{r['local_tier_saved_steps']})"
+                    if r.get("restored_tier") in RESTORE_TIERS[1:] and r.get("local_tier_saved_steps") is not None
+                    else ""
+                ),
                 fmt_duration(r["lost_s"]) if r.get("lost_s") is not None else "",
                 fmt_duration(r["down_s"]) if r.get("down_s") is not None else "",
                 f"{r['startup_s']:.1f}s" if r.get("startup_s") is not None else "",

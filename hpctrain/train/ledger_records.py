@@ -15,6 +15,7 @@ import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.ckpt.config import RESTORE_TIERS
 from hpctrain.ledger import Ledger, process_start_time
 from hpctrain.rundir import RunDir, read_jsonl
 
@@ -96,8 +97,8 @@ class AttemptRecords:
             "config": self.config.to_dict(),
             **dict(identity or {}),
         }
-        if progress is not None and progress.restored_tier == "local":  # which tier, and what it saved
-            record["restored_tier"] = "local"
+        if progress is not None and progress.restored_tier in RESTORE_TIERS[1:]:  # a local tier, and what it saved
+            record["restored_tier"] = progress.restored_tier
             record["local_tier_saved_steps"] = start_step - (progress.restored_global_step or 0)
         elif progress is not None and progress.restored_tier:
             record["restored_tier"] = progress.restored_tier

@@ -280,8 +280,8 @@ class Trainer:
                 self._restore_loader(b.loader, (got.data_state or {}).get("loader", {}))
             tier = getattr(got, "tier", "global")
             newer = got.step - (got.global_step or 0)
-            saved = f", {newer} steps newer than the newest global commit" if tier == "local" else ""
-            where = f" from the {tier} tier{saved}" if tier == "local" or ck_config.local_every_steps else ""
+            saved = f", {newer} steps newer than the newest global commit" if tier != "global" else ""
+            where = f" from the {tier} tier{saved}" if ck_config.local_every_steps else ""
             self.display.note(
                 f"hpctrain.train: resumed from step {got.step} (saved by {got.saved_world_size} ranks)"
                 f"{where}: {got.path}"

@@ -6,6 +6,8 @@ verified step bit-identical to the saved state, never a mix.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -78,7 +80,8 @@ def test_local_restore_node_wiped_and_partner_copies(tmp_path):
     _check(got[0], 5, "local")
     assert got[0][0]["global_step"] == 3
     # node 1 replaced (its directory gone): ranks 2 and 3 got their shards from their partners on node 0
-    _check(got[1], 5, "local")
+    _check(got[1], 5, "partner")
+    assert any("the shards of ranks [2, 3] from their partner copies" in x for x in got[1][0]["lines"])
     # each node holds its own shards and its partner's (here all four), of the last 2 steps only
     node0 = _step_dir(ldir, 0, gdir, 5).parent
     assert sorted(p.name for p in node0.glob("step-*")) == [step_name(4), step_name(5)]
@@ -142,3 +145,40 @@ def test_one_process_async_local_saves_restore_bit_identical(tmp_path):
     ck.close()
     assert (got.step, got.tier, got.global_step) == (3, "local", 2)
     assert state_hash(model, opt, sched) == expected_hash(3)
+
+
+def test_global_copy_of_a_local_step_same_bytes_and_a_failed_copy_makes_the_next_save_global(tmp_path, caplog):
+    from hpctrain.ckpt import Checkpointer
+    from hpctrain.ckpt.tiers import TieredCheckpointer
+    from tests.ckpt.workers import build, state_hash
+
+    cfg = CheckpointConfig(
+        dir=tmp_path / "g", local_dir=tmp_path / "l", local_every_steps=1, global_every=2, clean_abandoned=False
+    )
+    ck = TieredCheckpointer(cfg, identity="x")
+    tiers = []
+    for s in (1, 2, 3, 4, 5):
+        model, opt, sched = build(seed=s)
+        if s == 4:  # the copy of local step 4 to the global tier fails once
+            os.environ["HPCTRAIN_CKPT_FAULT"] = "before_write:0:raiseonce"
+        try:
+            ck.save(s, model=model, optimizer=opt, scheduler=sched, blocking=False)
+            ck.wait()
+        finally:
+            os.environ.pop("HPCTRAIN_CKPT_FAULT", None)
+        tiers.append(ck.last_tier)
+    local_step = ck.local.root / step_name(4)
+    ck.close()
+    # step 2: committed locally, then copied (the same shard bytes) to the global tier; 4: the copy failed, with
+    # one line, and the run went on: local step 4 stands, the next save (5) went to the global tier itself
+    assert tiers == ["local", "global", "local", "global", "global"]
+    assert sorted(p.name for p in (tmp_path / "g").glob("step-*")) == [step_name(2), step_name(5)]
+    assert any("copy of a local step to the global tier failed" in r.getMessage() for r in caplog.records)
+    assert (local_step / shard_name(0, 1)).exists()
+    g = json.loads((tmp_path / "g" / step_name(2) / "MANIFEST.json").read_text())
+    assert "tier" not in g and "host_of" not in g and g["step"] == 2 and g["identity"] == "x"
+    plain = Checkpointer(CheckpointConfig(dir=tmp_path / "g", clean_abandoned=False))
+    model, opt, sched = build(seed=9, steps=0)
+    got = plain.restore(model=model, optimizer=opt, scheduler=sched, step=2)
+    plain.close()
+    assert got.step == 2 and state_hash(model, opt, sched) == expected_hash(2)

@@ -14,16 +14,17 @@ from tests.multiproc import run_world
 TWO_NODES = {SIM_NODES_ENV: "1"}  # 2 ranks, one per simulated node: each holds the other's replica
 
 # (point, rank that dies, the step a restore must load): before every shard and replica is durable, step 5 is
-# not committed anywhere (step 4 loads); killed while node 1 publishes, node 0 holds all of step 5 (it loads)
+# not committed anywhere (step 4 loads); killed while node 1 publishes, node 0 holds all of step 5 (it loads,
+# rank 1's shard from the partner copy on node 0: node 1 never published its own)
 KILLS = [
-    ("local_before_write", 1, 4),
-    ("partner_write", 1, 4),
-    ("local_before_publish", 1, 5),
+    ("local_before_write", 1, 4, "local"),
+    ("partner_write", 1, 4, "local"),
+    ("local_before_publish", 1, 5, "partner"),
 ]
 
 
-@pytest.mark.parametrize("point,rank,step", KILLS, ids=[f"{p}-rank{r}" for p, r, _ in KILLS])
-def test_sigkill_in_local_save_or_partner_exchange_loads_a_complete_step(tmp_path, point, rank, step):
+@pytest.mark.parametrize("point,rank,step,tier", KILLS, ids=[f"{p}-rank{r}" for p, r, _, _ in KILLS])
+def test_sigkill_in_local_save_or_partner_exchange_loads_a_complete_step(tmp_path, point, rank, step, tier):
     assert point in TIER_FAULT_POINTS
     gdir, ldir = str(tmp_path / "global"), str(tmp_path / "local")
     res = run_world(
@@ -43,7 +44,7 @@ def test_sigkill_in_local_save_or_partner_exchange_loads_a_complete_step(tmp_pat
     assert res.exitcodes[rank] == -9  # really killed
     got = run_world(tw.restore, 2, gdir, ldir, env=TWO_NODES, timeout=120).results
     for r in got:
-        assert (r["step"], r["tier"]) == (step, "local"), r["lines"]
+        assert (r["step"], r["tier"]) == (step, tier), r["lines"]
         assert r["hash"] == expected_hash(step)  # bit-exact, never a mix of steps
 
 

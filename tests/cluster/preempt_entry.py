@@ -34,6 +34,9 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (the clock of the test, not the math)")
     p.add_argument("--ckpt-every", type=int, default=50, help="periodic saves (the stop save is extra)")
     p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--local-every", type=int, default=0, help="the local tier: a local save every N steps")
+    p.add_argument("--global-every", type=int, default=5, help="every K-th local save copied to the global tier")
+    p.add_argument("--local-dir", default=None, help="the local tier's directory ({host}: the node's host name)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--fail-at", type=int, default=0, help="rank 1 raises ValueError at this step")
     p.add_argument("--kill-in-save", type=int, default=0, help="attempt 0: rank 1 SIGKILLs itself saving this step")
@@ -45,7 +48,7 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
 def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     import torch
 
-    from hpctrain.ckpt import Checkpointer
+    from hpctrain.ckpt import CheckpointConfig, Checkpointer
     from hpctrain.data import H5DataConfig
     from hpctrain.train import CheckpointPolicy, MetricsConfig, TrainConfig, Trainer
 
@@ -86,7 +89,15 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         steps=opts.steps,
         seed=1,
         log_every=10,
-        checkpoint=CheckpointPolicy(every_steps=opts.ckpt_every, keep_last=opts.keep),
+        checkpoint=CheckpointPolicy(
+            every_steps=opts.ckpt_every,
+            config=CheckpointConfig(
+                keep_last=opts.keep,
+                local_every_steps=opts.local_every,
+                global_every=opts.global_every,
+                local_dir=opts.local_dir,
+            ),
+        ),
         metrics=MetricsConfig(display=True),
     )
     data = H5DataConfig(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import typing as tp
@@ -39,8 +40,11 @@ def _submit(run_dir: Path, *extra: str, args: tp.Sequence[str]) -> str:
     return str(json.loads((run_dir / "submission.json").read_text())["job_id"])
 
 
-def _figure(run_dir: Path, name: str, failed_at: float, attempt: int) -> tp.Dict[str, tp.Any]:
-    """Failure -> first step of the next attempt, and the steps computed before the failure that were redone."""
+def _figure(
+    run_dir: Path, name: str, failed_at: float, attempt: int, newest_global: tp.Optional[int] = None
+) -> tp.Dict[str, tp.Any]:
+    """Failure -> first step of the next attempt, and the steps computed before the failure that were redone
+    (and, restored from the local tier, those a restore from the ``newest_global`` commit would have redone)."""
     (start,) = [s for s in _starts(run_dir) if s["restart_count"] == attempt]
     before = [s for s in _starts(run_dir) if s["restart_count"] < attempt][-1]
     computed = before["resumed_from_step"] + len(_calls(run_dir, before["restart_count"]))
@@ -56,6 +60,8 @@ def _figure(run_dir: Path, name: str, failed_at: float, attempt: int) -> tp.Dict
         "resumed_from_step": start["resumed_from_step"],
         "steps_lost": computed - start["resumed_from_step"],
     }
+    if newest_global is not None:
+        fig["steps_lost_global_only"] = computed - newest_global
     print(f"figures {json.dumps(fig)}")
     if os.environ.get("HPCTRAIN_FIGURES"):
         with open(os.environ["HPCTRAIN_FIGURES"], "a") as f:
@@ -133,4 +139,49 @@ def test_a_spare_node_replaces_the_failed_one_inside_the_allocation(data):
     # resumed from the newest commit before the failure: nothing lost beyond it
     assert second["resumed_from_step"] == ex["committed_step"] and ex["committed_step"] >= 20
     _figure(run_dir, "spare", failed_at, 1)
+    assert _digest(run_dir) == _reference(data)
+
+
+def _local_steps(local: Path) -> tp.List[int]:
+    """The committed local steps on any node's directory (``local/<host>/<tier key>/step-N`` with its manifest)."""
+    names = (m.parent.name for m in local.glob("*/hpctrain-local-*/step-*/MANIFEST.json"))
+    return sorted({int(n[5:]) for n in names if n[5:].isdigit()})
+
+
+def test_a_lost_node_restores_from_the_partner_tier_with_fewer_steps_lost(data):
+    """A node lost at once (Slurm kills the step's tasks: no stop save) with the local tier every 5 steps and the
+    global tier every 20: the spare path restarts on the surviving node and the spare, which has no copy; the
+    failed node's shards come from their partner copies on the survivor. Same final state as the reference."""
+    root, common, _ = data
+    run_dir, local = root / "partner", root / "local"
+    tier = ["--ckpt-every", "0", "--local-every", "5", "--global-every", "4", "--local-dir", f"{local}/{{host}}"]
+    assert common[-2] == "--ckpt-every"
+    args = [*common[:-2], *tier, "--sleep", "0.1"]
+    job = _submit(run_dir, "--spare-nodes", "1", args=args)
+    try:
+        # a local step newer than the global one at 20 is committed, and a few steps ran past it
+        _wait("local step 25", lambda: [s for s in _local_steps(local) if s > 20], timeout=120)
+        _wait("27 steps", lambda: len(_calls(run_dir, 0)) >= 27, timeout=60)
+        host = rank_host(run_dir, job, 0, 3)
+        with failed_node(host) as failed_at:
+            shutil.rmtree(local / host, ignore_errors=True)  # the node is lost with its disk
+            (restart,) = _wait("the in-job restart", lambda: _restarts_in_job(run_dir), timeout=60)
+        assert wait_final(job, timeout=180) == "COMPLETED"
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    assert restart["failed_nodes"] == [host]
+    second = [s for s in _starts(run_dir) if s["restart_count"] == 1][0]
+    assert host not in second["hosts"]
+    # resumed from a local step past the newest global commit, with the lost node's shards from its partner
+    assert second["restored_tier"] == "partner", second
+    newest_global = second["resumed_from_step"] - second["local_tier_saved_steps"]
+    assert newest_global == 20 and second["resumed_from_step"] >= 25
+    fig = _figure(run_dir, "partner", failed_at, 1, newest_global)
+    assert fig["steps_lost"] < fig["steps_lost_global_only"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "status", str(run_dir)],
+        cwd=ROOT, env={**ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    print(shown.stdout)
+    assert f"{second['resumed_from_step']} (partner +{second['local_tier_saved_steps']})" in shown.stdout
     assert _digest(run_dir) == _reference(data)

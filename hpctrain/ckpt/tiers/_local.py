@@ -59,8 +59,9 @@ class LocalCheckpointer(Checkpointer):
     def __init__(self, config: CheckpointConfig, *, run_id: str = "", identity: str = "") -> None:
         assert config.dir is not None
         self.global_dir = Path(config.dir)
-        self.key = tier_key(config.dir, identity)
-        hosts = _hosts()
+        hosts = _hosts(identity)
+        # rank 0's identity names the run on every rank (the Trainer records it on rank 0 only)
+        self.key = tier_key(config.dir, hosts[2] if hosts else identity)
         self.nodes: Nodes = layout(hosts[0], hosts[1]) if hosts else layout(0, [socket.gethostname()])
         rank = hosts[0] if hosts else 0
         local_root = base_dir(config.local_dir, self.nodes, rank) / self.key
@@ -68,6 +69,11 @@ class LocalCheckpointer(Checkpointer):
         super().__init__(local, run_id=run_id, identity=identity)
         self.node = self.nodes.node_of[self.rank]
         self.leader = self.nodes.leader(self.node) == self.rank
+        self.then: tp.Optional[tp.Callable[[int, Path, tp.Dict[str, tp.Any]], None]] = None
+        """Called once, on every rank, after the next local commit with (step, its directory, its manifest), in
+        the thread that committed it: the tiered checkpointer's drain to the global tier."""
+        self.refilled: tp.List[int] = []
+        """The shards the last :meth:`restore_local` copied to a node from another node (a partner's copy)."""
 
     # ------------------------------------------------------------------ save
     def _commit(self, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any]) -> Path:
@@ -101,27 +107,28 @@ class LocalCheckpointer(Checkpointer):
             err = f"rank {rank}: partner exchange failed: {exc}"
         self._fail_if(err, comm.all_gather_ints([0 if err else 1]), step, tmp)
         final = root / step_name(step)
+        shards = [
+            {"file": shard_name(r, world), "rank": r, "bytes": res[1], "crc32": res[2]} for r, res in enumerate(results)
+        ]
+        manifest = {
+            "format": "hpctrain-ckpt",
+            "format_version": manifest_extra.get("format_version", 1),
+            "step": step,
+            "world_size": world,
+            "shards": shards,
+            "torch": torch.__version__,
+            **manifest_extra,
+            # COPY_DROPS (hpctrain.ckpt.checkpointer): the fields a copy into the global tier leaves out
+            "tier": "local",
+            "tier_key": self.key,
+            "global_dir": str(self.global_dir),
+            "node_of": list(nodes.node_of),
+            "host_of": list(nodes.host_of),
+        }
         err = ""
         if self.leader:
             try:
                 fault("local_before_publish", rank)
-                shards = [
-                    {"file": shard_name(r, world), "rank": r, "bytes": res[1], "crc32": res[2]}
-                    for r, res in enumerate(results)
-                ]
-                manifest = {
-                    "format": "hpctrain-ckpt",
-                    "format_version": manifest_extra.get("format_version", 1),
-                    "step": step,
-                    "world_size": world,
-                    "shards": shards,
-                    "torch": torch.__version__,
-                    **manifest_extra,
-                    "tier": "local",
-                    "tier_key": self.key,
-                    "global_dir": str(self.global_dir),
-                    "node_of": list(nodes.node_of),
-                }
                 atomic_write_json(tmp / MANIFEST, manifest)
                 if os.path.lexists(final):  # a re-save of a step: the local tier is a cache, the old copy goes
                     shutil.rmtree(final)
@@ -132,6 +139,9 @@ class LocalCheckpointer(Checkpointer):
         self._fail_if(err, comm.all_gather_ints([0 if err else 1]), step, tmp)
         if self.leader:
             self._prune(LOCAL_KEEP, temporaries=True)
+        then, self.then = self.then, None
+        if then is not None:
+            then(step, final, manifest)
         return final
 
     def _fail_if(self, err: str, results: tp.List[tp.List[int]], step: int, tmp: Path, force: bool = False) -> None:
@@ -211,6 +221,7 @@ class LocalCheckpointer(Checkpointer):
         """Restore the newest complete local step newer than ``newer_than`` (collective). Return the result
         (None: none usable) and a line saying why a newer local step was not usable (empty: none was skipped)."""
         world, comm = self._comm.world, self._comm
+        self.refilled = []
         reports = comm.all_gather(self._held())
         holders: tp.Dict[int, tp.Dict[int, tp.Set[int]]] = {}  # step -> shard -> ranks holding it
         crcs: tp.Dict[int, tp.Set[tp.Tuple[int, ...]]] = {}  # step -> the manifests' crc32s (one unless re-saved)
@@ -318,8 +329,15 @@ class LocalCheckpointer(Checkpointer):
             atomic_write_bytes(tmp / MANIFEST, manifest[src_m])
             os.rename(tmp, path)
             fsync_dir(self.root)
-        shards = {int(s["rank"]): s for s in _parse(manifest[src_m])["shards"]}
+        parsed = _parse(manifest[src_m])
+        shards = {int(s["rank"]): s for s in parsed["shards"]}
         sizes = {i: int(s["bytes"]) for i, s in shards.items()}
+        wrote = parsed.get("host_of") or []  # the host that wrote each shard (its own copy)
+        self.refilled = [
+            i
+            for i in range(world)
+            if i >= len(wrote) or not any(nodes.host_of[r] == wrote[i] for r in verified[i] if r < len(nodes.host_of))
+        ]
         err = ""
         for i in range(world):
             src = min(verified[i])
@@ -341,15 +359,15 @@ class LocalCheckpointer(Checkpointer):
             raise HpctrainError(err)
 
 
-def _hosts() -> tp.Optional[tp.Tuple[int, tp.List[str]]]:
-    """(rank, every rank's host name) over the default group; None outside a process group."""
+def _hosts(identity: str) -> tp.Optional[tp.Tuple[int, tp.List[str], str]]:
+    """(rank, every rank's host name, rank 0's ``identity``) over the default group; None outside a group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
     out: tp.List[tp.Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, socket.gethostname())
-    return dist.get_rank(), out
+    dist.all_gather_object(out, (socket.gethostname(), identity))
+    return dist.get_rank(), [h for h, _ in out], str(out[0][1])
 
 
 def _read_file(path: Path, size: int) -> torch.Tensor:

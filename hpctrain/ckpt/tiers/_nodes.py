@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SIM_NODES_ENV", "Nodes", "layout", "base_dir", "tier_key"]
+__all__ = ["HOST_FIELD", "SIM_NODES_ENV", "Nodes", "layout", "base_dir", "tier_key"]
 
+HOST_FIELD = "{host}"
+"""In ``CheckpointConfig.local_dir``: replaced by the node's host name."""
 SIM_NODES_ENV = "HPCTRAIN_CKPT_SIM_RANKS_PER_NODE"
 """Tests only: ranks per simulated node on one machine (each simulated node gets its own local directory)."""
 
@@ -25,6 +28,9 @@ class Nodes:
     node_of: tp.Tuple[int, ...]
     """The node index of every rank."""
     simulated: bool
+    host_of: tp.Tuple[str, ...] = ()
+    """The host name of every rank (``sim-node-<n>`` on a simulated node): which node wrote a shard, so that a
+    restore can tell a node's own copy from a partner's."""
 
     @property
     def count(self) -> int:
@@ -57,17 +63,21 @@ def layout(rank: int, hosts: tp.Sequence[str]) -> Nodes:
     sim = os.environ.get(SIM_NODES_ENV, "")
     if sim:
         k = max(1, int(sim))
-        return Nodes(tuple(r // k for r in range(len(hosts))), True)
+        node_of = tuple(r // k for r in range(len(hosts)))
+        return Nodes(node_of, True, tuple(f"sim-node-{n}" for n in node_of))
     order: tp.Dict[str, int] = {}
     for h in hosts:
         order.setdefault(h, len(order))
-    return Nodes(tuple(order[h] for h in hosts), False)
+    return Nodes(tuple(order[h] for h in hosts), False, tuple(hosts))
 
 
 def base_dir(configured: tp.Optional[tp.Union[str, os.PathLike]], nodes: Nodes, rank: int) -> Path:
-    """This rank's node-local root: the configured ``local_dir``, else ``$SLURM_TMPDIR``, ``$TMPDIR``, ``/tmp``;
-    ``node-<n>`` inside it on a simulated node."""
-    root = Path(configured or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp")
+    """This rank's node-local root: the configured ``local_dir`` (``{host}`` in it: this node's host name), else
+    ``$SLURM_TMPDIR``, ``$TMPDIR``, ``/tmp``; ``node-<n>`` inside it on a simulated node."""
+    path = os.fspath(configured) if configured else ""
+    if HOST_FIELD in path:
+        path = path.replace(HOST_FIELD, nodes.host_of[rank] if nodes.host_of else socket.gethostname())
+    root = Path(path or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp")
     return root / f"node-{nodes.node_of[rank]}" if nodes.simulated else root
 
 

@@ -18,7 +18,7 @@ __all__ = ["TieredCheckpointer", "TIERS"]
 log = logging.getLogger("hpctrain.ckpt")
 
 TIERS = ("auto", "local", "global")
-"""``save(tier=...)``: ``auto`` = local, except every ``global_every``-th local save, which is global."""
+"""``save(tier=...)``: ``auto`` = local, every ``global_every``-th local save then copied to the global tier."""
 
 
 class TieredCheckpointer:
@@ -43,48 +43,88 @@ class TieredCheckpointer:
         self.local = LocalCheckpointer(config, run_id=run_id, identity=identity) if config.local_every_steps else None
         self.rank, self.world_size, self.root = self.global_.rank, self.global_.world_size, self.global_.root
         self._local_saves = 0
+        self._draining = False  # the local save in flight is to be copied to the global tier
+        self._force_global = False  # a drained save failed: the next auto save is a global one
+        self._copying = False  # the global writer holds a copy of a local step (its failure is not the caller's)
         self.last_tier = ""
         """The tier of the last save started (``local`` or ``global``)."""
 
     def save(self, step: int, *, tier: str = "auto", blocking: bool = True, **state: tp.Any) -> tp.Optional[Path]:
-        """Save ``step`` to ``tier`` (:data:`TIERS`). A local save that fails (local storage full, a peer's copy
-        damaged in transit) logs one line and returns None: the run goes on with the global tier."""
+        """Save ``step`` to ``tier`` (:data:`TIERS`). ``auto``: the local tier; every ``global_every``-th one is
+        then copied from its committed local files to the global tier in the background (one staging of the
+        state for both). ``global``: straight to the global tier (the stop save: the next attempt may run on
+        other nodes). A local save that fails (local storage full, a peer's copy damaged in transit) logs one
+        line and returns None; one that was to be copied to the global tier is saved there directly when it
+        fails at once (a blocking save, or before staging), else the next ``auto`` save goes there."""
         if tier not in TIERS:
             raise HpctrainError(f"save(tier=...) must be one of {TIERS}, got {tier!r}")
+        drain = False
         if tier == "auto" and self.local is not None:
             self._local_saves += 1
-            tier = "global" if self._local_saves % self.config.global_every == 0 else "local"
+            drain = self._local_saves % self.config.global_every == 0
+            tier = "global" if self._force_global else "local"
+        self._settle()
         if self.local is None or tier == "global":
-            self._settle_local()
+            self._force_global = False
             self.last_tier = "global"
             return self.global_.save(step, blocking=blocking, **state)
-        self.global_.wait()
-        self._settle_local()
-        self.last_tier = "local"
+        self.last_tier = "global" if drain else "local"
+        self._draining = drain
+        if drain:
+            self.local.then = self._drain
         try:
-            return self.local.save(step, blocking=blocking, **state)
+            got = self.local.save(step, blocking=blocking, **state)
         except HpctrainError as exc:
+            self.local.then = None
             self._local_failed(exc)
+            if drain:  # the caller's state is still this step's: the global tier straight from it
+                self._force_global = False
+                return self.global_.save(step, blocking=blocking, **state)
             return None
+        if blocking and drain:
+            return self._settle()
+        return got
+
+    def _drain(self, step: int, local: Path, manifest: tp.Dict[str, tp.Any]) -> None:
+        """After a local commit (in the thread that made it): copy it to the global tier in the global
+        checkpointer's writer thread."""
+        self._copying = True
+        self.global_.save_copy(step, local, manifest, blocking=False)
 
     def _local_failed(self, exc: BaseException) -> None:
+        if self._draining:  # its global copy was never made: the next save goes to the global tier itself
+            self._force_global = True
         log.error("hpctrain.ckpt: local tier save failed, the run goes on with the global tier: %s", exc)
 
-    def _settle_local(self) -> None:
-        if self.local is None:
-            return
+    def _settle(self) -> tp.Optional[Path]:
+        """Finish the in-flight local save (which may hand a copy to the global tier), then the global one."""
+        if self.local is not None:
+            try:
+                self.local.wait()
+            except HpctrainError as exc:
+                self._local_failed(exc)
+            finally:
+                self.local.then, self._draining = None, False
         try:
-            self.local.wait()
+            return self.global_.wait()
         except HpctrainError as exc:
-            self._local_failed(exc)
+            if not self._copying:
+                raise
+            # the copy of a committed local step to the global tier failed on some rank (every rank raises):
+            # the local step stands; the next save goes to the global tier from the model's state
+            self._force_global = True
+            log.error("hpctrain.ckpt: copy of a local step to the global tier failed, the next save is global: %s", exc)
+            return None
+        finally:
+            self._copying = False
 
     @property
     def in_flight(self) -> bool:
         return self.global_.in_flight or (self.local is not None and self.local.in_flight)
 
     def wait(self) -> tp.Optional[Path]:
-        self._settle_local()
-        return self.global_.wait()
+        """Finish the in-flight save (and a global copy of it); the global tier's committed dir, if one was made."""
+        return self._settle()
 
     def abandon(self) -> bool:
         dropped = self.local.abandon() if self.local is not None else False
@@ -93,7 +133,7 @@ class TieredCheckpointer:
     def close(self) -> None:
         try:
             if self.local is not None:
-                self._settle_local()
+                self.wait()
                 self.local.close()
         finally:
             self.global_.close()
@@ -113,11 +153,16 @@ class TieredCheckpointer:
             if got is not None and why:
                 log.error("hpctrain.ckpt: a newer local step was not usable: %s", why)
             if got is not None:
-                got.tier, got.global_step = "local", (newest_global if newest_global >= 0 else None)
+                got.tier = "partner" if self.local.refilled else "local"
+                got.global_step = newest_global if newest_global >= 0 else None
                 log.warning(
-                    "hpctrain.ckpt: restored step %d from the local tier (newest global step: %s)",
+                    "hpctrain.ckpt: restored step %d from the %s tier (newest global step: %s)%s",
                     got.step,
+                    got.tier,
                     newest_global if newest_global >= 0 else "none",
+                    f": the shards of ranks {self.local.refilled[:8]} from their partner copies"
+                    if self.local.refilled
+                    else "",
                 )
                 return got
             if why:
