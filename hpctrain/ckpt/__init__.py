@@ -10,11 +10,12 @@ import os
 import typing as tp
 from pathlib import Path
 
-from hpctrain.ckpt.config import CheckpointConfig
+from hpctrain.ckpt.config import RESTORE_TIERS, CheckpointConfig
 from hpctrain.ckpt.metering import digest, meters, replicated_share
 
 __all__ = [
     "CheckpointConfig",
+    "RESTORE_TIERS",
     "Checkpointer",
     "RestoreResult",
     "latest_committed",

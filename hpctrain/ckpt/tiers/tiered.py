@@ -127,8 +127,14 @@ class TieredCheckpointer:
         return self._settle()
 
     def abandon(self) -> bool:
+        """Drop the in-flight save (and its global copy) uncommitted; True if one was dropped (preemption)."""
         dropped = self.local.abandon() if self.local is not None else False
-        return self.global_.abandon() or dropped
+        if self.local is not None:  # a local save dropped before its commit never hands over its copy
+            self.local.then, self._draining = None, False
+        try:
+            return self.global_.abandon() or dropped
+        finally:
+            self._copying = False
 
     def close(self) -> None:
         try:
