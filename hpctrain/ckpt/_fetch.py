@@ -41,7 +41,7 @@ from hpctrain.ckpt.config import RESTORE_EXCHANGES
 if tp.TYPE_CHECKING:  # pragma: no cover
     from hpctrain.ckpt._restore import Plan
 
-__all__ = ["read", "pack", "Region"]
+__all__ = ["read", "shards_read", "pack", "Region"]
 
 _GAP = 4096
 """Stored pieces closer than this in one file are read as one run, the bytes between them included."""
@@ -319,6 +319,24 @@ def _share_chunks(
     return rep, buf, part
 
 
+def _share(total: int, rank: int, world: int, once: bool) -> tp.Tuple[int, int, int]:
+    """(chunk, lo, hi): this rank's byte range of the packed buffer of whole tensors (all of it unless once)."""
+    chunk = align(-(-total // world)) if once else total
+    return (chunk, rank * chunk, min((rank + 1) * chunk, total)) if once else (chunk, 0, total)
+
+
+def shards_read(index: Index, p: "Plan", rank: int, world: int, *, mode: str) -> tp.Set[int]:
+    """The shard files :func:`read` opens on ``rank`` (metadata only; a superset for chunks that replicas share),
+    and the ones it verifies: what a node must hold before a restore reads (the local checkpoint tier)."""
+    regions, _, total = pack(p.stored, p.whole)
+    _, lo, hi = _share(total, rank, world, mode == "read_once" and world > 1)
+    out = {r.shard for r in regions if max(r.at, lo) < min(r.at + r.end - r.start, hi)}
+    for w in p.chunks.values():
+        st = p.stored[w.key]
+        out.update(sh for sh, _, _, _ in st.runs(w.box, DTYPE_SIZES[st.dtype]))
+    return out | set(range(rank, len(index.shards), world))
+
+
 def read(
     index: Index, p: "Plan", comm: Comm, *, mode: str, verify: bool, route: tp.Optional[Route] = None
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
@@ -331,9 +349,8 @@ def read(
     segs = _Segments() if verify else None
     regions, at, total = pack(stored, shared)
     once = mode == "read_once" and world > 1
-    chunk = align(-(-total // world)) if once else total
+    chunk, lo, hi = _share(total, rank, world, once)
     buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
-    lo, hi = (rank * chunk, min((rank + 1) * chunk, total)) if once else (0, total)
     base = buf.data_ptr()
     runs: tp.List[Run] = []
     for r in regions:  # this rank's share of the packed buffer

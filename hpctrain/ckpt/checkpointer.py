@@ -23,7 +23,7 @@ import torch
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._dtensor import check_placements, fully_replicated, is_dtensor, local_box, writes_chunk
-from hpctrain.ckpt._fetch import read, route
+from hpctrain.ckpt._fetch import read, route, shards_read
 from hpctrain.ckpt._format import (
     SMALL_PIECE_BYTES,
     CheckpointFormatError,
@@ -417,6 +417,7 @@ class Checkpointer:
         via = route(self.config.restore_exchange, self._comm)
         for s in common:
             path = self.root / step_name(s)
+            self._before_read(path, None)
             index: tp.Optional[Index] = None
             try:
                 index, err = build_index(path, share=share), ""
@@ -436,6 +437,7 @@ class Checkpointer:
                 if mismatch:
                     raise HpctrainError(mismatch[0])
                 assert p is not None
+                self._before_read(path, shards_read(index, p, self.rank, self.world_size, mode=mode))
                 tensors, errors = read(
                     index,
                     p,
@@ -464,6 +466,11 @@ class Checkpointer:
         if quarantined:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)
         return None
+
+    def _before_read(self, path: Path, shards: tp.Optional[tp.Set[int]]) -> None:
+        """Called on every rank before a restore opens the shard files of ``path``: ``shards``, the ones this rank
+        reads, or None before the index (the headers it parses). Nothing to do here; the local tier
+        (:mod:`hpctrain.ckpt.tiers`) brings a node the shards it lacks from other nodes."""
 
     def _agree(self, err: str) -> tp.List[str]:
         """Every rank's error ([] when none failed): one small collective, a second only on failure."""

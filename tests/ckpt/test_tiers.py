@@ -86,8 +86,14 @@ def test_local_restore_node_wiped_and_partner_copies(tmp_path):
     node0 = _step_dir(ldir, 0, gdir, 5).parent
     assert sorted(p.name for p in node0.glob("step-*")) == [step_name(4), step_name(5)]
     assert sorted(p.name for p in (node0 / step_name(5)).glob("*.shard")) == [shard_name(r, 4) for r in range(4)]
-    # and the restore completed node 1's copy of step 5 again
-    assert sorted(p.name for p in _step_dir(ldir, 1, gdir, 5).glob("*.shard")) == [shard_name(r, 4) for r in range(4)]
+    # healthy: nothing crossed between nodes; node 1 replaced: it was sent the shards its ranks open (its own,
+    # 2 and 3, from their partner copies on node 0), not the whole step
+    assert sum(r["sent"] for r in got[0]) == 0
+    shards = sorted(p.name for p in _step_dir(ldir, 1, gdir, 5).glob("*.shard"))
+    assert {shard_name(2, 4), shard_name(3, 4)} <= set(shards) and shard_name(0, 4) not in shards
+    assert (
+        0 < sum(r["sent"] for r in got[1]) < sum(p.stat().st_size for p in node0.joinpath(step_name(5)).glob("*.shard"))
+    )
 
 
 def test_damaged_copies_own_serves_both_bad_falls_back(tmp_path):
@@ -96,7 +102,9 @@ def test_damaged_copies_own_serves_both_bad_falls_back(tmp_path):
     rep2 = _step_dir(ldir, 0, gdir, 5) / shard_name(2, 4)
     cases = [
         ([("flip", str(rep0)), ("unlink", str(rep2))], {}),  # rank 0's replica flipped, rank 2's missing
-        ([("flip", str(own0)), ("flip", str(rep0))], {}),  # both copies of rank 0's shard of step 5 bad
+        # both copies of rank 0's shard of step 5 bad: the replica on node 1 failed its crc in the first case and
+        # was removed (nothing on node 1 opens shard 0, so it was not fetched again)
+        ([("flip", str(own0)), ("discard", str(rep0))], {}),
     ]
     _, _, _, got = _run(tmp_path, TWO_NODES, cases)
     _check(got[0], 5, "local")  # the own copies serve
@@ -182,3 +190,18 @@ def test_global_copy_of_a_local_step_same_bytes_and_a_failed_copy_makes_the_next
     got = plain.restore(model=model, optimizer=opt, scheduler=sched, step=2)
     plain.close()
     assert got.step == 2 and state_hash(model, opt, sched) == expected_hash(2)
+
+
+def test_four_nodes_restore_sends_a_node_only_the_shards_its_ranks_open(tmp_path):
+    ldir = _dirs(tmp_path)[1]
+    node1 = str(Path(ldir) / "node-1")
+    gdir, ldir, _, got = _run(tmp_path, FOUR_NODES, [([], {}), ([("rmtree", node1)], {})], steps=(1, 2))
+    _check(got[0], 2, "local")
+    _check(got[1], 2, "partner")
+    size = (_step_dir(ldir, 0, gdir, 2) / shard_name(0, 4)).stat().st_size
+    # healthy: a rank opens its own shard and, where its share of the bytes crosses into it, the next one: a
+    # node is sent at most that one (sending each node the shards it lacks would be 2 per node, 8 in all);
+    # node 1 replaced: it gets the shards its rank opens, 1 from its partner copy on node 2, and no others
+    assert sum(r["sent"] for r in got[0]) <= 4 * size
+    node1 = {p.name for p in _step_dir(ldir, 1, gdir, 2).glob("*.shard")}
+    assert shard_name(1, 4) in node1 and shard_name(0, 4) not in node1 and shard_name(3, 4) not in node1

@@ -63,6 +63,7 @@ def restore(rank: int, world: int, gdir: str, ldir: str, identity: str = "id-A",
     ck = _ck(gdir, ldir, identity, **kw)
     model, opt, sched = build(seed=999, steps=0)
     res = ck.restore(model=model, optimizer=opt, scheduler=sched)
+    sent = ck.local.sent_bytes if ck.local is not None else 0
     ck.close()
     logging.getLogger("hpctrain.ckpt").removeHandler(lines)
     if res is None:
@@ -74,6 +75,7 @@ def restore(rank: int, world: int, gdir: str, ldir: str, identity: str = "id-A",
         "hash": state_hash(model, opt, sched),
         "data_state": res.data_state,
         "lines": lines.lines,
+        "sent": sent,
     }
 
 
@@ -86,6 +88,8 @@ def _apply(op: tp.Tuple[str, str]) -> None:
         shutil.rmtree(path)
     elif what == "unlink":
         Path(path).unlink()
+    elif what == "discard":  # unlink if present
+        Path(path).unlink(missing_ok=True)
     elif what == "flip":
         data = bytearray(Path(path).read_bytes())
         data[-100] ^= 0xFF

@@ -16,9 +16,10 @@ exactly as a global one (the same shard bytes: header + data + crc) and restores
 Restore (:meth:`LocalCheckpointer.restore_local`): each rank reports the committed local steps of its node
 (which shard files, of the right size); the ranks take the newest step newer than ``newer_than`` whose shards
 are all held somewhere; the ranks of each node verify the crc32 of that step's files on their node
-(bad ones are removed), agree again, and copy every shard a node lacks from a rank that holds a verified
-copy, so that every node's directory holds the complete step; then the ordinary restore reads it (each
-byte read once across the ranks in ``read_once`` mode, every shard's crc verified again). A step with some
+(bad ones are removed) and agree again; then the ordinary restore reads it from each node's directory (each
+byte read once across the ranks in ``read_once`` mode). Before it opens a file, each node is sent the shards
+its own ranks open that it lacks (:meth:`LocalCheckpointer._before_read`: after a node was replaced, its
+ranks' shards from their partner copies), checked against the manifest's crc32 on arrival. A step with some
 shard held nowhere is never loaded: the next older one is tried, then the global tier.
 """
 
@@ -73,7 +74,12 @@ class LocalCheckpointer(Checkpointer):
         """Called once, on every rank, after the next local commit with (step, its directory, its manifest), in
         the thread that committed it: the tiered checkpointer's drain to the global tier."""
         self.refilled: tp.List[int] = []
-        """The shards the last :meth:`restore_local` copied to a node from another node (a partner's copy)."""
+        """The shards the last :meth:`restore_local` took from a copy on another node than the one that wrote
+        them (a partner's copy: that node was lost, replaced or its copy bad)."""
+        self.sent_bytes = 0
+        """Bytes this rank sent to other nodes in local restores (shards those nodes lacked)."""
+        self._serving: tp.Optional[tp.Tuple[Path, tp.Dict[int, tp.Dict[str, tp.Any]], tp.Dict[int, tp.Set[int]]]]
+        self._serving = None  # (step dir, its shards by rank, the ranks holding a verified copy) in restore_local
 
     # ------------------------------------------------------------------ save
     def _commit(self, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any]) -> Path:
@@ -258,8 +264,8 @@ class LocalCheckpointer(Checkpointer):
             if errors:
                 why = why or f"local step {s}: {errors[0]}"
                 continue
-            # every file of the step on every node was just checked against the manifest's crc32 (a node's
-            # own in _verify, a received one in _complete): the read skips a second pass over the bytes
+            # every file the read opens was checked against the manifest's crc32 (a node's own in _verify, a
+            # received one on arrival in _before_read): the read skips a second pass over the bytes
             verify = self.config
             self.config = dataclasses.replace(verify, verify_checksums=False)
             try:
@@ -267,7 +273,7 @@ class LocalCheckpointer(Checkpointer):
             except HpctrainError as exc:
                 why = why or f"local step {s}: {exc}"
             finally:
-                self.config = verify
+                self.config, self._serving = verify, None
         return None, why
 
     def _held(self) -> tp.Dict[int, tp.Tuple[tp.List[int], tp.Tuple[int, ...]]]:
@@ -315,11 +321,10 @@ class LocalCheckpointer(Checkpointer):
         return ok
 
     def _complete(self, step: int, verified: tp.Dict[int, tp.Set[int]]) -> None:
-        """Copy every shard (and the manifest) a node lacks from a rank holding a verified copy, to the node's
-        leader, which writes it into the node's step directory: afterwards every node holds the whole step."""
-        import torch.distributed as dist
-
-        nodes, world, group = self.nodes, self._comm.world, self._comm.group
+        """Give every node the step's manifest (a replaced node has none), and note which shards a node's
+        restore can take from which verified copy: :meth:`_before_read` then brings each node only the shards
+        its own ranks open (its own shards, as a rule), never the whole step."""
+        nodes, world = self.nodes, self._comm.world
         path = self.root / step_name(step)
         manifest = self._comm.all_gather(_manifest_bytes(path))
         src_m = next(r for r, m in enumerate(manifest) if m)
@@ -330,33 +335,60 @@ class LocalCheckpointer(Checkpointer):
             os.rename(tmp, path)
             fsync_dir(self.root)
         parsed = _parse(manifest[src_m])
-        shards = {int(s["rank"]): s for s in parsed["shards"]}
-        sizes = {i: int(s["bytes"]) for i, s in shards.items()}
         wrote = parsed.get("host_of") or []  # the host that wrote each shard (its own copy)
         self.refilled = [
             i
             for i in range(world)
             if i >= len(wrote) or not any(nodes.host_of[r] == wrote[i] for r in verified[i] if r < len(nodes.host_of))
         ]
-        err = ""
-        for i in range(world):
-            src = min(verified[i])
+        self._serving = (path, {int(sh["rank"]): sh for sh in parsed["shards"]}, verified)
+
+    def _before_read(self, path: Path, shards: tp.Optional[tp.Set[int]]) -> None:
+        """In a local restore (collective): send every shard a node's ranks are about to open and the node lacks
+        from a rank holding a verified copy to the node's leader, which checks its crc32 and writes it."""
+        if self._serving is None or self._serving[0] != path:
+            return
+        import torch.distributed as dist
+
+        _, manifest, verified = self._serving
+        nodes, world, group = self.nodes, self._comm.world, self._comm.group
+        if shards is None:  # the headers this rank parses (build_index shares them out: i, i + world, ...)
+            shards = set(range(self.rank, len(manifest), world))
+        wanted = self._comm.all_gather(sorted(shards))
+        works, arriving, err = [], [], ""
+        for i in sorted(set().union(*map(set, wanted))):  # the same order on every rank: sends and receives pair up
             for node in range(nodes.count):
-                dst = nodes.leader(node)
-                if any(nodes.node_of[r] == node for r in verified[i]) or dst == src:
+                dst, readers = nodes.leader(node), nodes.ranks(node)
+                if not any(i in wanted[r] for r in readers) or any(nodes.node_of[r] == node for r in verified[i]):
                     continue
+                src = min(verified[i])
+                size = int(manifest[i]["bytes"])
                 if self.rank == src:
-                    dist.send(_read_file(path / shard_name(i, world), sizes[i]), dst=dst, group=group)
+                    try:
+                        data = _read_file(path / manifest[i]["file"], size)
+                    except OSError as exc:  # still send (a buffer that fails its crc32 there): the pairs must match
+                        err, data = (
+                            err or f"rank {src} could not read its copy of rank {i}'s shard: {exc}",
+                            torch.zeros(size, dtype=torch.uint8),
+                        )
+                    works.append((dist.isend(data, dst=dst, group=group), data))
+                    self.sent_bytes += size
                 elif self.rank == dst:
-                    buf = torch.empty(sizes[i], dtype=torch.uint8)
-                    dist.recv(buf, src=src, group=group)
-                    data = memoryview(buf.numpy())
-                    if crc32(data) != shards[i]["crc32"]:  # keep going: the others still send and receive
-                        err = err or f"the copy of rank {i}'s shard from rank {src} arrived damaged"
-                    else:
-                        atomic_write_bytes(path / shard_name(i, world), data.tobytes())
-        if err:
-            raise HpctrainError(err)
+                    buf = torch.empty(size, dtype=torch.uint8)
+                    works.append((dist.irecv(buf, src=src, group=group), buf))
+                    arriving.append((i, src, buf))
+                verified[i].add(dst)  # the node holds it now (or the step fails below, on every rank)
+        for work, _ in works:  # all in flight at once: the nodes' transfers overlap
+            work.wait()
+        for i, src, buf in arriving:
+            data = memoryview(buf.numpy())
+            if crc32(data) != manifest[i]["crc32"]:
+                err = err or f"the copy of rank {i}'s shard from rank {src} arrived damaged"
+            else:
+                atomic_write_bytes(path / manifest[i]["file"], data.tobytes())
+        errors = [e for e in self._comm.all_gather(err) if e]
+        if errors:
+            raise HpctrainError(f"local step {path.name}: {errors[0]}")
 
 
 def _hosts(identity: str) -> tp.Optional[tp.Tuple[int, tp.List[str], str]]:
