@@ -84,3 +84,55 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
         env={**ENV, "PYTHONPATH": str(ROOT)},
     )
     assert ls.returncode == 0, ls.stdout + ls.stderr
+
+
+@pytest.mark.slow
+def test_bench_tiers_runs_and_reports_every_figure(tmp_path):
+    out, g, local = tmp_path / "r.json", tmp_path / "bench" / "global", tmp_path / "local"
+    tiny = ["--size-mb", "2", "--world", "4", "--ranks-per-node", "2", "--repeat", "1", "--json", str(out)]
+    tiny += ["--global-dir", str(g), "--local-dir", str(local), "--step-width", "32", "--overhead-steps", "4"]
+    tiny += ["--overhead-every", "4", "--overhead-saves", "2", "--direct-interval", "0.2", "--direct-seconds", "0.4"]
+    tiny += ["--demo-steps", "36", "--demo-local-every", "9", "--demo-pairs", "1"]
+    r = subprocess.run(
+        [sys.executable, "benchmarks/bench_tiers.py", *tiny],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for key in (
+        "local_save_vs_global",
+        "local_async_block_vs_global_save",
+        "restore_local_vs_global",
+        "restore_partner_vs_global",
+    ):
+        assert res[key] > 0
+    ovh = res["overhead"]
+    assert ovh["step_s"] > 0
+    for tier in ("local", "global"):
+        t = ovh[tier]
+        assert len(t["save_costs_s"]) == 2 and t["save_block_s"] > 0 and 1 <= t["in_flight_steps"] <= 4
+        assert t["overhead_at_60s"] == pytest.approx(t["save_cost_s"] / 60)
+        assert t["overhead_at_300s"] == pytest.approx(t["save_cost_s"] / 300)
+    direct = ovh["direct"]
+    assert 1 <= direct["saves"] <= 2 and direct["block_steps"] >= 2 and direct["step_s_with"] > 0
+    assert {"overhead", "predicted_overhead", "save_cost_s"} <= set(direct)
+    demo = res["demo"]
+    assert demo["local_every"] == 9 and len(demo["runs_step_s"]["with"]) == 1
+    assert demo["step_s_without"] > 0 and demo["step_s_with"] > 0 and demo["save_block_s"] > 0
+    assert demo["save_cost_s"] == pytest.approx((demo["step_s_with"] - demo["step_s_without"]) * 9)
+    assert demo["saves_within"] == 2  # the saves at steps 18 and 27 (9: the first; 36: no interval after it)
+    assert demo["overhead_within_at_60s"] == pytest.approx(demo["save_cost_within_s"] / 60)
+    assert not g.exists() and not local.exists() and not (g.parent / "tiers-demo").exists()  # cleaned up
+    bad = subprocess.run(
+        [sys.executable, "benchmarks/bench_tiers.py", "--no-overhead", "--overhead-only"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "exclude each other" in bad.stderr.splitlines()[-1]
