@@ -17,12 +17,14 @@ Every timing is wall time between two barriers, the best of ``--repeat`` rounds.
 Ratios > 1 mean the local tier is faster. On one machine the "global" directory is a local disk, not a
 parallel filesystem shared by every node of a job: the ratios here understate what the local tier saves there.
 
-``overhead`` (skipped with ``--no-overhead``): what async saves cost a training loop. The same ranks run
-DDP-like steps (an MLP's forward + backward, one all_reduce of its gradients, SGD) holding ``--size-mb`` of
-state (the MLP + untouched tensors), with no checkpoint (``step_s``) and with an async ``local`` / ``global``
-save every ``--overhead-every`` steps. ``save_cost_s``: per save (median), the steps from the save's call
-until no rank has it in flight (its blocking part included) less as many steps of the reference (the mean
-step just before and after that window); ``overhead_at_60s`` / ``_300s`` = save_cost_s / interval.
+``overhead`` (skipped with ``--no-overhead``): what async saves cost a training loop. The same ranks run DDP-like
+steps (an MLP's forward + backward, one all_reduce of its gradients, SGD) holding ``--size-mb`` of state (the MLP +
+untouched tensors), with no checkpoint (``step_s``) and with an async ``local`` / ``global`` /
+``local_then_global`` (a local save, then its files copied to the global tier in the background: what every
+``global_every``-th save of a run does) save every ``--overhead-every`` steps. ``save_cost_s``: per save (median),
+the steps from the save's call until no rank has it in flight (its blocking part included) less as many steps of
+the reference (the mean step just before and after that window); ``overhead_at_60s`` / ``_300s`` = save_cost_s /
+interval.
 ``direct``: the check of that model, alternating blocks of ``--direct-interval`` seconds of steps with one
 local save / with none, ``--direct-seconds`` of each: ``overhead`` = with / without - 1, beside
 ``predicted_overhead`` = the local save_cost_s / the blocks' interval.
@@ -130,7 +132,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         dir=args.global_dir,
         keep_last=2,
         local_every_steps=1,
-        global_every=1_000_000,
+        global_every=1,  # every tier="auto" save: local, then copied to the global tier (the drain)
         local_dir=args.local_dir,
         local_max_bytes=int(args.size_mb * 2**20 * 8),
         restore_mode="read_once",
@@ -188,6 +190,11 @@ def _se(xs: tp.Sequence[float]) -> float:
     return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
 
 
+OVERHEAD_KEYS = {"local": "local", "global": "global", "auto": "local_then_global"}
+"""The overhead section's tiers: ``auto`` is a local save whose committed files are then copied to the global
+tier in the background (every ``global_every``-th save of a run; every save here)."""
+
+
 def _overhead(rank: int, world: int, ck: tp.Any, step0: int, args: argparse.Namespace) -> tp.Dict[str, tp.Any]:
     """(a) steps without checkpoints, (b)/(c) an async local / global save every ``--overhead-every`` steps:
     per save, the wall time of the steps during which it is in flight (its blocking part included) less as
@@ -225,13 +232,13 @@ def _overhead(rank: int, world: int, ck: tp.Any, step0: int, args: argparse.Name
 
     for _ in range(3):  # warm-up: allocator, gloo buffers
         step(0.0)
-    for tier in ("local", "global"):  # a tier's first async save allocates its host arena: not measured
+    for tier in ("local", "global", "auto"):  # a tier's first async save allocates its host arena: not measured
         save(tier)
         ck.wait()
     base, _, _ = loop(args.overhead_steps)
     res: tp.Dict[str, tp.Any] = {"step_s": _med(base), "step_s_mean": statistics.fmean(base)}
     every, pre = args.overhead_every, max(2, args.overhead_every // 4)
-    for tier in ("local", "global"):
+    for tier in ("local", "global", "auto"):
         costs, blocks, spans, refs, overrun = [], [], [], [], False
         for _ in range(args.overhead_saves):
             # the reference: the steps just before the save and those after its window (the machine's load
@@ -248,7 +255,7 @@ def _overhead(rank: int, world: int, ck: tp.Any, step0: int, args: argparse.Name
             spans.append((end + 1, sum(times[: end + 1])))
             refs.append(ref)
         cost = _med(costs)
-        res[tier] = {
+        res[OVERHEAD_KEYS[tier]] = {
             "step_s_ref": _med(refs),
             "save_cost_s": cost,
             "save_costs_s": costs,

@@ -112,7 +112,7 @@ def test_bench_tiers_runs_and_reports_every_figure(tmp_path):
         assert res[key] > 0
     ovh = res["overhead"]
     assert ovh["step_s"] > 0
-    for tier in ("local", "global"):
+    for tier in ("local", "global", "local_then_global"):
         t = ovh[tier]
         assert len(t["save_costs_s"]) == 2 and t["save_block_s"] > 0 and 1 <= t["in_flight_steps"] <= 4
         assert t["overhead_at_60s"] == pytest.approx(t["save_cost_s"] / 60)
