@@ -22,7 +22,7 @@ from tests.ckpt.workers import expected_hash
 from tests.multiproc import run_world
 
 TWO_NODES = {SIM_NODES_ENV: "2"}  # 4 ranks: nodes {0, 1} and {2, 3}; rank r's replica on rank (r + 2) % 4
-FOUR_NODES = {SIM_NODES_ENV: "1"}  # 4 ranks, one per node; rank r's replica on rank (r + 1) % 4
+FOUR_NODES = {SIM_NODES_ENV: "1"}  # 4 ranks, one per node; rank r's replica on rank (r - 1) % 4
 
 
 def _dirs(tmp_path: Path):
@@ -50,8 +50,8 @@ def test_partner_ring_by_node():
     two = Nodes((0, 0, 1, 1), True)
     assert [two.partner(r) for r in range(4)] == [2, 3, 0, 1]
     three = Nodes((0, 0, 1, 2, 2), True)  # a node with fewer ranks: its last local index takes the rest
-    assert [three.partner(r) for r in range(5)] == [2, 2, 3, 0, 1]
-    assert three.replicas_of(2) == [0, 1]
+    assert [three.partner(r) for r in range(5)] == [3, 4, 0, 2, 2]
+    assert three.replicas_of(2) == [3, 4]
     assert Nodes((0, 0), True).partner(0) is None  # one node: no replica
 
 
@@ -115,7 +115,7 @@ def test_damaged_copies_own_serves_both_bad_falls_back(tmp_path):
 
 def test_two_adjacent_nodes_lost_falls_back_to_global_with_a_clear_line(tmp_path):
     ldir = _dirs(tmp_path)[1]
-    lost = [("rmtree", str(Path(ldir) / "node-1")), ("rmtree", str(Path(ldir) / "node-2"))]  # rank 1 and its partner
+    lost = [("rmtree", str(Path(ldir) / "node-1")), ("rmtree", str(Path(ldir) / "node-0"))]  # rank 1 and its partner
     _, _, _, got = _run(tmp_path, FOUR_NODES, [(lost, {})])
     _check(got[0], 3, "global")
     line = next(x for x in got[0][0]["lines"] if "local tier not usable" in x)
@@ -199,9 +199,11 @@ def test_four_nodes_restore_sends_a_node_only_the_shards_its_ranks_open(tmp_path
     _check(got[0], 2, "local")
     _check(got[1], 2, "partner")
     size = (_step_dir(ldir, 0, gdir, 2) / shard_name(0, 4)).stat().st_size
-    # healthy: a rank opens its own shard and, where its share of the bytes crosses into it, the next one: a
-    # node is sent at most that one (sending each node the shards it lacks would be 2 per node, 8 in all);
-    # node 1 replaced: it gets the shards its rank opens, 1 from its partner copy on node 2, and no others
-    assert sum(r["sent"] for r in got[0]) <= 4 * size
+    # healthy: a rank opens its own shard and, where its share of the bytes crosses into it, the next one, which
+    # its node holds as that shard's partner: nothing is sent (every shard a node lacks would be 2 a node);
+    # node 1 replaced: it is sent the shards its rank opens, 1 from its partner copy on node 0 and 2 from node 2
+    # (or its partner copy there), never 0 or 3
+    assert sum(r["sent"] for r in got[0]) == 0
+    assert 0 < sum(r["sent"] for r in got[1]) <= 2 * size
     node1 = {p.name for p in _step_dir(ldir, 1, gdir, 2).glob("*.shard")}
     assert shard_name(1, 4) in node1 and shard_name(0, 4) not in node1 and shard_name(3, 4) not in node1

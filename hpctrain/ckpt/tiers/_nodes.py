@@ -44,13 +44,16 @@ class Nodes:
         return self.ranks(node)[0]
 
     def partner(self, rank: int) -> tp.Optional[int]:
-        """The rank that holds ``rank``'s replica: the same local index on the next node (ring by node; the
-        last local index there when that node has fewer ranks); None on a single node (no replica)."""
+        """The rank that holds ``rank``'s replica: the same local index on the previous node (ring by node; the
+        last local index there when that node has fewer ranks); None on a single node (no replica). Previous,
+        not next: a node then holds the next node's shards, and a restore's share of the bytes (cut at aligned
+        offsets, at or past each shard's end) crosses from a node's last rank into the next node's first shard,
+        so that a healthy restore sends no shard between nodes."""
         if self.count < 2:
             return None
         node = self.node_of[rank]
         mine = self.ranks(node)
-        there = self.ranks((node + 1) % self.count)
+        there = self.ranks((node - 1) % self.count)
         return there[min(mine.index(rank), len(there) - 1)]
 
     def replicas_of(self, rank: int) -> tp.List[int]:
