@@ -116,6 +116,7 @@ def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
     assert sorted(hpctrain.ckpt.__all__) == [
         "CheckpointConfig",
         "Checkpointer",
+        "RESTORE_TIERS",
         "RestoreResult",
         "digest",
         "latest_committed",
