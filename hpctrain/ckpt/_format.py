@@ -60,6 +60,7 @@ __all__ = [
     "shard_name",
     "step_name",
     "encode_header",
+    "header_json",
     "tmp_name",
     "replaced_name",
     "quarantine_name",
@@ -146,8 +147,20 @@ class ShardHeader(tp.NamedTuple):
     data_start: int
 
 
-def encode_header(header: tp.Dict[str, tp.Any]) -> bytes:
-    """Prefix + JSON header + padding, so that data starts at an aligned offset."""
-    body = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+def header_json(value: tp.Any) -> str:
+    """``value`` as the header's JSON text (compact; the encoding every header field is written with)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=True)
+
+
+def encode_header(header: tp.Dict[str, tp.Any], encoded: tp.Optional[tp.Mapping[str, str]] = None) -> bytes:
+    """Prefix + JSON header + padding, so that data starts at an aligned offset.
+
+    ``encoded``: fields whose :func:`header_json` text the caller already has (a save reuses its entries' text
+    while the layout repeats); the bytes are exactly those of encoding ``header`` whole."""
+    if encoded:
+        text = ",".join(f"{header_json(k)}:{encoded[k] if k in encoded else header_json(v)}" for k, v in header.items())
+        body = ("{" + text + "}").encode("utf-8")
+    else:
+        body = header_json(header).encode("utf-8")
     raw = HEADER_PREFIX.pack(MAGIC, len(body)) + body
     return raw + b"\0" * (align(len(raw)) - len(raw))

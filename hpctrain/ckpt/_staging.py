@@ -72,6 +72,8 @@ class Stager:
     def __init__(self, cuda: tp.Optional[CudaRuntime] = None) -> None:
         self._cuda = cuda or CudaRuntime()
         self._arena: tp.Optional[_Arena] = None
+        self._padded: tp.Tuple[tp.Any, tp.Any] = (None, None)
+        """(arena, entries) of the last stage: that arena's padding between those entries is zero."""
 
     @property
     def pinned_bytes(self) -> int:
@@ -106,26 +108,32 @@ class Stager:
         for d in devices:  # every stream of every GPU holding state is done writing it
             self._cuda.synchronize(d)
         chunks: tp.List[tp.Tuple[int, memoryview]] = []
+        # alignment padding: zeros, never stale memory. Only pieces write into the arena, each exactly its
+        # bytes, so the padding zeroed by the previous stage of the same entries (the checkpointer reuses
+        # them while the layout repeats) into the same arena is still zero: thousands of memsets skipped
+        pad = not (self._padded[0] is a and self._padded[1] is entries)
+        memmove, memset = ctypes.memmove, ctypes.memset
         pos = seg = 0  # end of the last piece; start of the arena segment not yet emitted
         for p, e in zip(pieces, entries):
             nb, off = e["nbytes"], e["offset"]
-            if off > pos:  # alignment padding: zeros, never stale memory
-                ctypes.memset(base + pos, 0, off - pos)
+            if pad and off > pos:
+                memset(base + pos, 0, off - pos)
             if nb:
                 t = p.tensor
-                plain = t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+                plain = t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg()
                 if plain and direct_min is not None and nb >= direct_min:
                     if off > seg:
                         chunks.append((seg, whole[seg:off]))
                     chunks.append((off, piece_bytes(p)))
                     seg = off + nb
                 elif plain:
-                    ctypes.memmove(base + off, t.data_ptr() + p.start * p.es, nb)
+                    memmove(base + off, t.data_ptr() + p.start * p.es, nb)
                 else:
                     arena[off : off + nb].view(t.dtype).copy_(piece_view(p), non_blocking=on_gpu and a.pinned)
             pos = off + nb
-        if size > pos:
-            ctypes.memset(base + pos, 0, size - pos)
+        if pad and size > pos:
+            memset(base + pos, 0, size - pos)
+        self._padded = (a, entries)
         if size > seg:
             chunks.append((seg, whole[seg:size]))
         for d in devices:  # the copies (queued on each device's current stream) are in the arena
@@ -135,5 +143,6 @@ class Stager:
     def release(self) -> None:
         """Unpin and drop the arena (the next save allocates a new one)."""
         a, self._arena = self._arena, None
+        self._padded = (None, None)
         if a is not None:
             a.release(self._cuda)

@@ -1,4 +1,5 @@
-"""The save path's shortcuts keep the format: the layout reused between saves, the crc computed while writing."""
+"""The save path's shortcuts keep the format: the layout and shard plan reused between saves, the header's entries
+encoded once, the crc of the bytes written."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import zlib
 import torch
 
 from hpctrain.ckpt import CheckpointConfig, Checkpointer
+from hpctrain.ckpt._format import encode_header, header_json
 from hpctrain.ckpt._reader import read_header
-from hpctrain.ckpt._state import LayoutCache, layout
+from hpctrain.ckpt._state import LayoutCache, Piece, flatten, layout, plan_offsets, split_replicated, whole
 
 
 def _shard(root, step):
@@ -63,3 +65,132 @@ def test_the_crc_computed_while_writing_is_the_files_crc_across_slice_boundaries
         manifest = json.loads((tmp_path / f"step-{step:09d}" / "MANIFEST.json").read_text())
         assert manifest["shards"][0]["crc32"] == zlib.crc32(data) and manifest["shards"][0]["bytes"] == len(data)
         assert read_header(_shard(tmp_path, step)).header["step"] == step
+
+
+def _fresh_plan(lay, others, rank, world):
+    mine = split_replicated(lay, rank, world)
+    return mine + list(others), *plan_offsets(mine + list(others))
+
+
+def test_the_shard_plan_is_reused_only_while_layout_rank_world_and_other_pieces_repeat():
+    """LayoutCache.shard hands back the previous save's split, offsets and entries' JSON; any change of the
+    keys, dtypes, shapes, the rank or world, or of a sharded/local piece must give the plan computed anew."""
+    cache = LayoutCache()
+
+    def state(n=10, dtype=torch.float32, name="b"):
+        return {"a": torch.arange(n, dtype=dtype), name: torch.ones(3, 4), "c": torch.zeros(100_000)}
+
+    def plan(tensors, others, rank, world):
+        lay = layout(tensors, cache)
+        got = cache.shard(lay, others, rank, world)
+        hit = got is not None
+        if got is None:
+            mine = split_replicated(lay, rank, world)
+            got = cache.remember(lay, mine, others, *plan_offsets(mine + list(others)))
+        pieces, entries, size = _fresh_plan(layout(tensors), others, rank, world)
+        assert got.entries == entries and got.size == size and json.loads(got.entries_json) == entries
+        assert [(p.key, p.start, p.stop) for p in got.pieces] == [(p.key, p.start, p.stop) for p in pieces]
+        # the tensors are this call's, never a previous save's
+        assert all(g.tensor is p.tensor for g, p in zip(got.pieces, pieces))
+        return hit
+
+    rng = whole({"local/rng/torch": torch.zeros(5056, dtype=torch.uint8)})
+    assert not plan(state(), rng, 1, 4)
+    assert plan(state(), rng, 1, 4)  # new tensors, same layout: reused
+    for changed in (state(n=11), state(dtype=torch.float64), state(name="b2")):
+        assert not plan(changed, rng, 1, 4)
+        assert plan(changed, rng, 1, 4)
+    assert not plan(state(), rng, 1, 4) and not plan(state(), rng, 2, 4) and not plan(state(), rng, 2, 3)
+    assert not plan(state(), whole({"local/rng/torch": torch.zeros(5057, dtype=torch.uint8)}), 2, 3)
+    box = Piece("s", torch.ones(2, 3), 0, 6, "float32", 4, ((2, 0), (2, 3)), (8, 3))
+    assert not plan(state(), [box] + rng, 2, 3) and plan(state(), [box] + rng, 2, 3)
+    moved = box._replace(box=((4, 0), (2, 3)))
+    assert not plan(state(), [moved] + rng, 2, 3)
+
+
+def test_header_with_pre_encoded_fields_is_byte_identical():
+    header = {"rank": 1, "world_size": 2, "step": 7, "entries": [{"key": "é", "offset": 0}], "local": {"x": 1.5}}
+    assert encode_header(header, {"entries": header_json(header["entries"])}) == encode_header(header)
+    header["trees"] = {"m": [float("nan"), None, True]}
+    assert encode_header(header, {"entries": header_json(header["entries"])}) == encode_header(header)
+
+
+def test_repeated_saves_of_a_changing_state_restore_each_exactly_and_keep_gc_on(tmp_path):
+    """Saves 2..4 reuse the shard plan; values, then a shape, then a key change between them. Each step restores
+    its own bytes, and the cyclic collector paused during a save is on again afterwards, also after a failed save."""
+    import gc
+
+    ck = Checkpointer(CheckpointConfig(dir=tmp_path, keep_last=0))
+    states = {
+        1: {"w": torch.arange(1000.0), "s": {0: {"m": torch.ones(5)}, 1: {"m": torch.zeros(5)}}, "lr": 0.1},
+        2: {"w": torch.arange(1000.0) * 2, "s": {0: {"m": torch.ones(5) * 3}, 1: {"m": torch.zeros(5)}}, "lr": 0.05},
+        3: {"w": torch.arange(1001.0), "s": {0: {"m": torch.ones(5)}, 1: {"m": torch.zeros(5)}}, "lr": 0.05},
+        4: {"w2": torch.arange(1001.0), "s": {0: {"m": torch.ones(5)}, 1: {"m": torch.full((5,), 7.0)}}, "lr": 0.0},
+    }
+    for step, st in states.items():
+        ck.save(step, extra=st, blocking=step % 2 == 0)
+        ck.wait()
+        assert gc.isenabled()
+    try:
+        ck.save(5, extra={"bad": object()})
+    except Exception:  # noqa: BLE001 - a UsageError: the state holds something that is not JSON
+        pass
+    assert gc.isenabled()
+    ck.close()
+    for step, want in states.items():
+        got = Checkpointer(CheckpointConfig(dir=tmp_path)).restore(step=step).extra
+        assert got["lr"] == want["lr"] and set(got) == set(want), step
+        wkey = "w" if "w" in want else "w2"
+        assert torch.equal(got[wkey], want[wkey]), step
+        for i in (0, 1):
+            assert torch.equal(got["s"][i]["m"], want["s"][i]["m"]), (step, i)
+
+
+def test_flatten_keeps_its_tree_for_every_kind_of_node():
+    p = torch.nn.Parameter(torch.ones(2))
+    tensors = {}
+    tree = flatten({"a": {1: p, (2, 3): 4.0, "x": [torch.zeros(1), (5, "s")]}, "b": p, "n": None}, "m", tensors)
+    assert tree == {
+        "a": {
+            "__dict__": [
+                [1, {"__tensor__": "m/a/1"}],
+                [{"__tuple__": [2, 3]}, 4.0],
+                ["x", [{"__tensor__": "m/a/x/0"}, {"__tuple__": [5, "s"]}]],
+            ]
+        },
+        "b": {"__tensor__": "m/b"},
+        "n": None,
+    }
+    assert list(tensors) == ["m/a/1", "m/a/x/0", "m/b"] and not tensors["m/b"].requires_grad
+
+
+def _expected_data(pieces, entries, size):
+    out = bytearray(size)
+    for p, e in zip(pieces, entries):
+        out[e["offset"] : e["offset"] + e["nbytes"]] = p.tensor.reshape(-1)[p.start : p.stop].numpy().tobytes()
+    return bytes(out)
+
+
+def test_staging_reuses_zeroed_padding_only_for_the_same_entries_in_the_same_arena():
+    """The stager skips the padding memsets when it stages the same entries into the same arena again. Another
+    layout staged in between writes its pieces over that padding: the next stage must zero it again."""
+    from hpctrain.ckpt._staging import Stager
+
+    def plan(sizes, fill):
+        pieces = whole({f"t{i}": torch.full((n,), float(fill + i)) for i, n in enumerate(sizes)})
+        return pieces, *plan_offsets(pieces)
+
+    st = Stager()
+    a_pieces, a_entries, a_size = plan([3, 5, 1, 7], 1)
+    b_pieces, b_entries, b_size = plan([16, 16, 16], 50)  # no padding: its bytes land on a's padding
+    assert b_size <= a_size
+    for pieces, entries, size in ((a_pieces, a_entries, a_size), (b_pieces, b_entries, b_size)) * 2:
+        for direct in (None, 8):
+            chunks = st.stage(pieces, entries, size, direct_min=direct)
+            assert b"".join(bytes(v) for _, v in chunks) == _expected_data(pieces, entries, size)
+    # the same entries again, new values: padding still zero, the values are the new ones
+    st.stage(a_pieces, a_entries, a_size)
+    a2 = [p._replace(tensor=p.tensor * -1) for p in a_pieces]
+    chunks = st.stage(a2, a_entries, a_size)
+    assert b"".join(bytes(v) for _, v in chunks) == _expected_data(a2, a_entries, a_size)
+    st.release()
