@@ -207,3 +207,18 @@ def test_four_nodes_restore_sends_a_node_only_the_shards_its_ranks_open(tmp_path
     assert 0 < sum(r["sent"] for r in got[1]) <= 2 * size
     node1 = {p.name for p in _step_dir(ldir, 1, gdir, 2).glob("*.shard")}
     assert shard_name(1, 4) in node1 and shard_name(0, 4) not in node1 and shard_name(3, 4) not in node1
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "hsdp"])
+def test_sharded_state_through_the_tiers_exact(tmp_path, mode):
+    """FSDP2 / HSDP state: the local tier, the partner copies of a wiped node, and the global copy made from the
+    local files each restore the saved global values exactly into a fresh sharded model."""
+    gdir, ldir = _dirs(tmp_path)
+    res = run_world(tw.sharded, 4, gdir, ldir, mode, env=TWO_NODES, timeout=180).results
+    saved = res[0]["saved"]
+    assert res[0]["tiers"] == ["local", "local", "global"]
+    for r in res:
+        assert list(r["local"]) == [4, "local", saved[4]]
+        assert list(r["partner"]) == [4, "partner", saved[4]]
+        assert list(r["global"]) == [3, saved[3]]
+    assert len(set(saved.values())) == 4  # the state changed between the saves: each check tells them apart

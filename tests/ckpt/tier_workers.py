@@ -126,3 +126,62 @@ def scenarios(
         dist.barrier()
         out.append(restore(rank, world, args.get("gdir", gdir), ldir, args.get("identity", "id-A")))
     return {"saved": saved, "save_lines": lines.lines, "restores": out}
+
+
+def sharded(rank: int, world: int, gdir: str, ldir: str, mode: str) -> tp.Dict[str, tp.Any]:
+    """FSDP2 (``mode="fsdp"``, 1-D mesh) or HSDP (``"hsdp"``, 2 x 2) state through the tiers on 2 simulated nodes:
+    local saves at 1 and 2, step 3 copied to the global tier; restores into a fresh sharded model from the
+    local tier with every node intact, with node 1's directory wiped (partner copies), and from the global copy
+    with a plain Checkpointer. Hashes are of the global values."""
+    import shutil
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hpctrain.ckpt import Checkpointer
+    from tests.ckpt.sharded_workers import adamw, fsdp, full_hash, make, train
+    from tests.ckpt.workers import cfg
+
+    def mesh() -> tp.Any:
+        if mode == "hsdp":
+            return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh("cpu", (world,))
+
+    model = fsdp(make(1), mesh())
+    opt = adamw(model)
+    ck = _ck(gdir, ldir, "id-A")
+    out: tp.Dict[str, tp.Any] = {"saved": {}, "tiers": []}
+    for s in (1, 2, 3):
+        train(model, opt, [s], rank)
+        ck.save(s, model=model, optimizer=opt, blocking=False)
+        ck.wait()
+        out["saved"][s] = full_hash(model, opt)
+        out["tiers"].append(ck.last_tier)
+    train(model, opt, [4], rank)
+    ck.save(4, model=model, optimizer=opt)  # a local step newer than the global copy (3)
+    out["saved"][4] = full_hash(model, opt)
+    ck.close()
+
+    def restore(ops: tp.Sequence[str]) -> tp.Tuple[int, str, str]:
+        dist.barrier()
+        if rank == 0:
+            for path in ops:
+                shutil.rmtree(path)
+        dist.barrier()
+        m = fsdp(make(99), mesh())
+        o = adamw(m)
+        ck = _ck(gdir, ldir, "id-A")
+        res = ck.restore(model=m, optimizer=o)
+        ck.close()
+        return res.step, res.tier, full_hash(m, o)
+
+    out["local"] = restore([])
+    out["partner"] = restore([str(Path(ldir) / "node-1")])
+    m = fsdp(make(98), mesh())
+    o = adamw(m)
+    plain = Checkpointer(cfg(gdir))
+    res = plain.restore(model=m, optimizer=o)
+    plain.close()
+    out["global"] = (res.step, full_hash(m, o))
+    return out
