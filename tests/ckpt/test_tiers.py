@@ -222,3 +222,14 @@ def test_sharded_state_through_the_tiers_exact(tmp_path, mode):
         assert list(r["partner"]) == [4, "partner", saved[4]]
         assert list(r["global"]) == [3, saved[3]]
     assert len(set(saved.values())) == 4  # the state changed between the saves: each check tells them apart
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_local_tier_restores_at_another_world_size(tmp_path, world):
+    """Saved by 4 ranks on 2 nodes; restored by 2 ranks on those 2 nodes, or by 3 ranks with a third, empty one
+    (sent what its rank opens: still the local tier, every shard's own node holding it)."""
+    gdir, ldir = _dirs(tmp_path)
+    run_world(tw.save, 4, gdir, ldir, [1, 2, 3, 4], env=TWO_NODES, timeout=120)
+    got = run_world(tw.restore, world, gdir, ldir, env=FOUR_NODES, timeout=120).results
+    _check(got, 4, "local")
+    assert all(r["global_step"] == 3 for r in got)

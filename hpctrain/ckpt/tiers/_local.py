@@ -226,7 +226,7 @@ class LocalCheckpointer(Checkpointer):
     def restore_local(self, newer_than: int, **restore_kw: tp.Any) -> tp.Tuple[tp.Optional[RestoreResult], str]:
         """Restore the newest complete local step newer than ``newer_than`` (collective). Return the result
         (None: none usable) and a line saying why a newer local step was not usable (empty: none was skipped)."""
-        world, comm = self._comm.world, self._comm
+        comm = self._comm
         self.refilled = []
         reports = comm.all_gather(self._held())
         holders: tp.Dict[int, tp.Dict[int, tp.Set[int]]] = {}  # step -> shard -> ranks holding it
@@ -242,7 +242,8 @@ class LocalCheckpointer(Checkpointer):
             if len(crcs[s]) > 1:  # nodes hold different saves of this step: never mix them
                 why = why or f"local step {s}: the nodes hold different saves of it"
                 continue
-            missing = [i for i in range(world) if i not in holders[s]]
+            saved = len(next(iter(crcs[s])))  # its world size: any; the reader reshards
+            missing = [i for i in range(saved) if i not in holders[s]]
             if missing:
                 why = why or f"local step {s}: no surviving copy of the shards of ranks {missing[:8]}"
                 continue
@@ -251,7 +252,7 @@ class LocalCheckpointer(Checkpointer):
             for r, files in enumerate(good):
                 for i in files:
                     verified.setdefault(i, set()).add(r)
-            missing = [i for i in range(world) if i not in verified]
+            missing = [i for i in range(saved) if i not in verified]
             if missing:
                 why = why or f"local step {s}: no verified copy of the shards of ranks {missing[:8]}"
                 continue
@@ -277,13 +278,12 @@ class LocalCheckpointer(Checkpointer):
         return None, why
 
     def _held(self) -> tp.Dict[int, tp.Tuple[tp.List[int], tp.Tuple[int, ...]]]:
-        """This node's committed local steps of the current world size: step -> (the shard files present with
-        the manifest's size, the manifest's crc32s). Reported by every rank of the node (the same answer)."""
+        """This node's committed local steps, saved at any world size: step -> (the shard files present with the
+        manifest's size, the manifest's crc32s). Reported by every rank of the node (the same answer)."""
         out: tp.Dict[int, tp.Tuple[tp.List[int], tp.Tuple[int, ...]]] = {}
-        world = self._comm.world
         for e in scan(self.root):
             m = e.manifest
-            if e.status != "committed" or not m or m.get("world_size") != world or m.get("tier_key") != self.key:
+            if e.status != "committed" or not m or m.get("tier_key") != self.key:
                 continue
             files = []
             for sh in m["shards"]:
@@ -324,7 +324,7 @@ class LocalCheckpointer(Checkpointer):
         """Give every node the step's manifest (a replaced node has none), and note which shards a node's
         restore can take from which verified copy: :meth:`_before_read` then brings each node only the shards
         its own ranks open (its own shards, as a rule), never the whole step."""
-        nodes, world = self.nodes, self._comm.world
+        nodes = self.nodes
         path = self.root / step_name(step)
         manifest = self._comm.all_gather(_manifest_bytes(path))
         src_m = next(r for r, m in enumerate(manifest) if m)
@@ -338,7 +338,7 @@ class LocalCheckpointer(Checkpointer):
         wrote = parsed.get("host_of") or []  # the host that wrote each shard (its own copy)
         self.refilled = [
             i
-            for i in range(world)
+            for i in range(len(parsed["shards"]))
             if i >= len(wrote) or not any(nodes.host_of[r] == wrote[i] for r in verified[i] if r < len(nodes.host_of))
         ]
         self._serving = (path, {int(sh["rank"]): sh for sh in parsed["shards"]}, verified)
