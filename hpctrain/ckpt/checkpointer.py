@@ -65,8 +65,6 @@ __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
 log = logging.getLogger("hpctrain.ckpt")
 
 _STATE_NAMES = ("model", "optimizer", "scheduler", "scaler")
-COPY_DROPS = ("tier", "tier_key", "global_dir", "node_of", "host_of")
-"""Manifest fields of a local-tier step that a copy into the global tier leaves out."""
 
 
 @dataclass
@@ -296,7 +294,7 @@ class Checkpointer:
         # the same on every rank (every node's manifest lists the same shards): the agreement's layout field
         digest = hashlib.sha1(json.dumps([manifest["shards"], manifest.get("entries")]).encode()).hexdigest()
         total = sum(int(sh["bytes"]) for sh in manifest["shards"])
-        own = {"format", "step", "world_size", "shards", "torch", *COPY_DROPS}
+        own = {"format", "step", "world_size", "shards", "torch"}  # written anew by the commit
         extra = {k: v for k, v in manifest.items() if k not in own}
 
         def job() -> Path:

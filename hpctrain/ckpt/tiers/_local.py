@@ -44,13 +44,16 @@ from hpctrain.ckpt.config import CheckpointConfig
 from hpctrain.ckpt.tiers._nodes import Nodes, base_dir, layout, tier_key
 from hpctrain.errors import HpctrainError
 
-__all__ = ["LocalCheckpointer", "TIER_FAULT_POINTS", "LOCAL_KEEP"]
+__all__ = ["LocalCheckpointer", "TIER_FAULT_POINTS", "LOCAL_KEEP", "LOCAL_FIELDS"]
 
 log = logging.getLogger("hpctrain.ckpt")
 
 TIER_FAULT_POINTS = ("local_before_write", "partner_send", "partner_write", "local_before_publish")
 """Fault points of the local protocol (``HPCTRAIN_CKPT_FAULT``, as in :mod:`hpctrain.ckpt._commit`)."""
 LOCAL_KEEP = 2
+LOCAL_FIELDS = ("tier", "tier_key", "global_dir", "node_of", "host_of")
+"""The fields a local step's manifest has beyond a global one's (a copy into the global tier leaves them out):
+``local``, the tier key, the global directory it belongs to, each rank's node and host (which node wrote a shard)."""
 """Committed local steps a node keeps (the newest); older ones are removed after each local commit."""
 
 
@@ -124,12 +127,7 @@ class LocalCheckpointer(Checkpointer):
             "shards": shards,
             "torch": torch.__version__,
             **manifest_extra,
-            # COPY_DROPS (hpctrain.ckpt.checkpointer): the fields a copy into the global tier leaves out
-            "tier": "local",
-            "tier_key": self.key,
-            "global_dir": str(self.global_dir),
-            "node_of": list(nodes.node_of),
-            "host_of": list(nodes.host_of),
+            **dict(zip(LOCAL_FIELDS, ("local", self.key, str(self.global_dir), list(nodes.node_of), nodes.host_of))),
         }
         err = ""
         if self.leader:

@@ -10,7 +10,7 @@ from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._scan import scan
 from hpctrain.ckpt.checkpointer import Checkpointer, RestoreResult
 from hpctrain.ckpt.config import CheckpointConfig
-from hpctrain.ckpt.tiers._local import LocalCheckpointer
+from hpctrain.ckpt.tiers._local import LOCAL_FIELDS, LocalCheckpointer
 from hpctrain.errors import HpctrainError
 
 __all__ = ["TieredCheckpointer", "TIERS"]
@@ -43,7 +43,6 @@ class TieredCheckpointer:
         self.local = LocalCheckpointer(config, run_id=run_id, identity=identity) if config.local_every_steps else None
         self.rank, self.world_size, self.root = self.global_.rank, self.global_.world_size, self.global_.root
         self._local_saves = 0
-        self._draining = False  # the local save in flight is to be copied to the global tier
         self._force_global = False  # a drained save failed: the next auto save is a global one
         self._copying = False  # the global writer holds a copy of a local step (its failure is not the caller's)
         self.last_tier = ""
@@ -69,8 +68,7 @@ class TieredCheckpointer:
             self.last_tier = "global"
             return self.global_.save(step, blocking=blocking, **state)
         self.last_tier = "global" if drain else "local"
-        self._draining = drain
-        if drain:
+        if drain:  # set until the local commit hands the step over: a failure before it loses the global copy
             self.local.then = self._drain
         try:
             got = self.local.save(step, blocking=blocking, **state)
@@ -78,7 +76,6 @@ class TieredCheckpointer:
             self.local.then = None
             self._local_failed(exc)
             if drain:  # the caller's state is still this step's: the global tier straight from it
-                self._force_global = False
                 return self.global_.save(step, blocking=blocking, **state)
             return None
         if blocking and drain:
@@ -89,11 +86,10 @@ class TieredCheckpointer:
         """After a local commit (in the thread that made it): copy it to the global tier in the global
         checkpointer's writer thread."""
         self._copying = True
-        self.global_.save_copy(step, local, manifest, blocking=False)
+        plain = {k: v for k, v in manifest.items() if k not in LOCAL_FIELDS}  # an ordinary global manifest
+        self.global_.save_copy(step, local, plain, blocking=False)
 
     def _local_failed(self, exc: BaseException) -> None:
-        if self._draining:  # its global copy was never made: the next save goes to the global tier itself
-            self._force_global = True
         log.error("hpctrain.ckpt: local tier save failed, the run goes on with the global tier: %s", exc)
 
     def _settle(self) -> tp.Optional[Path]:
@@ -102,9 +98,11 @@ class TieredCheckpointer:
             try:
                 self.local.wait()
             except HpctrainError as exc:
+                if self.local.then is not None:  # a save to be copied never committed: no global copy was made
+                    self._force_global = True
                 self._local_failed(exc)
             finally:
-                self.local.then, self._draining = None, False
+                self.local.then = None
         try:
             return self.global_.wait()
         except HpctrainError as exc:
@@ -130,7 +128,7 @@ class TieredCheckpointer:
         """Drop the in-flight save (and its global copy) uncommitted; True if one was dropped (preemption)."""
         dropped = self.local.abandon() if self.local is not None else False
         if self.local is not None:  # a local save dropped before its commit never hands over its copy
-            self.local.then, self._draining = None, False
+            self.local.then = None
         try:
             return self.global_.abandon() or dropped
         finally:
