@@ -3,14 +3,24 @@
 Stdlib only (the login node runs this at every submission; nothing here imports torch or the user's code).
 
 For a git repository, :func:`capture_repository` records the commit, branch, remote URLs with their
-credentials stripped, the dirty flag with the dirty files, ``git diff HEAD --binary`` (inline below
-:data:`DIFF_INLINE_LIMIT`; its sha256 and size always), every changed tracked file and every untracked file
-(``git ls-files --others --exclude-standard``) with its size and sha256. Outside a git repository (or
-where git is missing, refuses the directory, or ignores the file), :func:`capture_files` hashes the
-entry's package files instead: a sorted walk, names and contents. The private keys of a capture (the diff
-and file bytes) are for the code snapshot, :mod:`hpctrain.identity.snapshot` (its writer and its reader,
-``write_snapshot`` and ``restore_snapshot``, are still importable from here); :func:`public_code` is what the
-manifest keeps.
+credentials stripped (:func:`hpctrain.identity.redact.strip_credentials`), the dirty flag with the dirty
+files, ``git diff HEAD --binary`` (inline below :data:`DIFF_INLINE_LIMIT`; its sha256 and size always),
+every changed tracked file and every untracked file (``git ls-files --others --exclude-standard``) with its
+size and sha256. Outside a git repository (or where git is missing, refuses the directory, or ignores the
+file), :func:`capture_files` hashes the entry's package files instead: a sorted walk, names and contents.
+The private keys of a capture (the diff and file bytes) are for the code snapshot,
+:mod:`hpctrain.identity.snapshot` (its writer and its reader, ``write_snapshot`` and ``restore_snapshot``,
+are still importable from here); :func:`public_code` is what the manifest keeps.
+
+Files that look like credentials (:class:`hpctrain.identity.redact.SecretRule`: their name, the user's
+``[run] secret_patterns``, a private key's header) are listed and hashed, never kept: their entries say
+``withheld`` (and why), their bytes are in no private key, and their changes are left out of the stored diff.
+
+File names are recorded losslessly: a name that is not UTF-8 (git and the file system give bytes) is
+``path`` with each byte that is not UTF-8 written ``\\xNN``, plus ``path_hex``, the name's bytes in hex, which
+is the authority (:func:`name_fields`, :func:`name_of`); a symbolic link's target likewise (``symlink`` and
+``symlink_hex``). Every other text of a record that is not UTF-8 is written with ``\\xNN`` escapes
+(:func:`json_safe`): a record is always valid UTF-8 JSON.
 
 git is reached through one seam, :class:`Git`: a subprocess with a timeout, no optional locks (never
 competes with the user's own ``git`` for ``index.lock``), no pager, no external diff or textconv drivers.
@@ -21,18 +31,24 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import re
 import stat
 import subprocess
 import threading
 import time
 import typing as tp
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain._files import sha256_fd, shorten
 from hpctrain.errors import UsageError
+from hpctrain.identity.redact import (
+    DIFF_KEY_REGEX,
+    HEAD_BYTES,
+    SecretRule,
+    active_rule,
+    redact_argv,
+    strip_credentials,
+)
 
 __all__ = [
     "Git",
@@ -42,6 +58,11 @@ __all__ = [
     "HASH_LIMIT",
     "MAX_FILES",
     "strip_credentials",
+    "name_fields",
+    "name_of",
+    "json_safe",
+    "shown_name",
+    "files_digest",
     "entry_location",
     "capture_repository",
     "capture_files",
@@ -132,36 +153,89 @@ class Git:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def strip_credentials(url: str) -> str:
-    """A remote URL without the secrets people put in them: ``https://user:token@host/x`` -> ``https://host/x``
-    (the user goes too on http(s), where it is often a token), a password in any scheme, and a query string
-    on http(s) (``?private_token=...``). scp-like ``git@host:org/repo.git`` has no secret and stays."""
-    if "://" not in url:
-        return url
+def name_fields(name: str, key: str = "path") -> tp.Dict[str, str]:
+    """``{key: name}`` for a name as Python has it from git or the file system (bytes that are not UTF-8 are
+    lone surrogates, ``surrogateescape``); for a name that is not UTF-8, ``key`` shows each such byte as
+    ``\\xNN`` and ``<key>_hex`` holds the name's bytes (the authority: :func:`name_of`)."""
     try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return re.sub(r"://[^/@]*@", "://", url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        web = parts.scheme.lower() in ("http", "https", "ftp", "ftps")
-        if web or ":" in userinfo:
-            netloc = host if web else f"{userinfo.split(':', 1)[0]}@{host}"
-    query = "" if parts.scheme.lower() in ("http", "https") else parts.query
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return {key: json_safe(name)}
+        return {key: raw.decode("utf-8", "backslashreplace"), f"{key}_hex": raw.hex()}
+    return {key: name}
+
+
+def name_of(record: tp.Mapping[str, tp.Any], key: str = "path") -> str:
+    """The name :func:`name_fields` recorded, as the file system takes it (``os.fsencode`` gives its bytes)."""
+    hexed = record.get(f"{key}_hex")
+    if isinstance(hexed, str):
+        try:
+            return bytes.fromhex(hexed).decode("utf-8", "surrogateescape")
+        except ValueError:
+            pass
+    return str(record.get(key))
+
+
+def _ident_name(record: tp.Mapping[str, tp.Any]) -> str:
+    """A recorded name for the identity: ``path``, and for a name that is not UTF-8 its bytes too (a name
+    that shows the same is another name)."""
+    hexed = record.get("path_hex")
+    return f"{record.get('path')}\0{hexed}" if hexed else str(record.get("path"))
+
+
+def json_safe(value: tp.Any) -> tp.Any:
+    """``value`` with every string that holds bytes which are not UTF-8 (lone surrogates) written with
+    ``\\xNN`` escapes, in dict keys too: what JSON encoded as UTF-8 can hold."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            try:
+                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # a surrogate no file system byte decodes to
+                return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def shown_name(name: str) -> str:
+    """A recorded name as one line of a message (a newline or another control character escaped)."""
+    name = json_safe(name)
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
+def files_digest(entries: tp.Iterable[tp.Tuple[str, tp.Any]]) -> str:
+    """The sha256 of a package walk (``kind: files``): for each ``(name, sha256 or size)``, in name order, the
+    name's bytes, NUL, the value, newline. :func:`capture_files` computes it; the snapshot's reader recomputes it
+    from the record (without the files that were withheld)."""
+    overall = hashlib.sha256()
+    for rel, value in entries:
+        overall.update(os.fsencode(rel) + b"\0" + str(value).encode() + b"\n")
+    return overall.hexdigest()
 
 
 def _hash_file(path: Path, *, keep: int = 0, limit: int = HASH_LIMIT) -> tp.Dict[str, tp.Any]:
     """``{size, sha256 | None, mode, symlink?}`` of one file without following a symlink or blocking on a FIFO;
-    ``"_content"`` holds the bytes when the file has at most ``keep`` of them."""
+    ``"_content"`` holds the bytes when the file has at most ``keep`` of them, ``"_head"`` its first
+    :data:`hpctrain.identity.redact.HEAD_BYTES` (for the secret rule)."""
     try:
         st = os.lstat(path)
     except OSError as exc:
         return {"error": exc.strerror or str(exc)}
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(path)
-        return {"symlink": target, "sha256": hashlib.sha256(os.fsencode(target)).hexdigest(), "size": len(target)}
+        return {
+            **name_fields(target, "symlink"),
+            "sha256": hashlib.sha256(os.fsencode(target)).hexdigest(),
+            "size": len(target),
+        }
     if not stat.S_ISREG(st.st_mode):
         return {"error": "not a regular file", "size": int(st.st_size)}
     out: tp.Dict[str, tp.Any] = {"size": int(st.st_size), "executable": bool(st.st_mode & 0o111)}
@@ -173,17 +247,36 @@ def _hash_file(path: Path, *, keep: int = 0, limit: int = HASH_LIMIT) -> tp.Dict
     except OSError as exc:
         return {"error": exc.strerror or str(exc), "size": int(st.st_size)}
     kept: tp.List[bytes] = []
+    head = bytearray()
+    whole = st.st_size <= keep
+
+    def each(piece: memoryview) -> None:
+        if len(head) < HEAD_BYTES:
+            head.extend(piece[: HEAD_BYTES - len(head)])
+        if whole:
+            kept.append(bytes(piece))
+
     try:
-        out["sha256"], _ = sha256_fd(
-            fd, block=_BLOCK, each=(lambda piece: kept.append(bytes(piece))) if st.st_size <= keep else None
-        )
+        out["sha256"], _ = sha256_fd(fd, block=_BLOCK, each=each)
     except OSError as exc:
         return {"error": exc.strerror or str(exc), "size": int(st.st_size)}
     finally:
         os.close(fd)
-    if st.st_size <= keep:
+    out["_head"] = bytes(head)
+    if whole:
         out["_content"] = b"".join(kept)
     return out
+
+
+def _withhold(rule: SecretRule, rel: str, info: tp.Dict[str, tp.Any]) -> tp.Optional[str]:
+    """Why the file ``rel`` hashed into ``info`` is withheld (its ``_content`` is dropped then), or None. A
+    symbolic link is its target's text, recorded anyway: never withheld."""
+    if "symlink" in info:
+        return None
+    why = rule.file(rel, info.get("_head"))
+    if why:
+        info.pop("_content", None)
+    return why
 
 
 def _public(entry: tp.Dict[str, tp.Any]) -> tp.Dict[str, tp.Any]:
@@ -225,7 +318,7 @@ def _remotes(git: Git, root: Path) -> tp.Dict[str, str]:
     for name in names[:20]:
         url = git.run(root, "remote", "get-url", name)
         if url.ok:
-            out[name] = strip_credentials(url.text())
+            out[json_safe(name)] = json_safe(strip_credentials(url.text()))
     return out
 
 
@@ -245,13 +338,22 @@ def _repo_root(git: Git, where: Path) -> tp.Tuple[tp.Optional[Path], str]:
 
 
 def capture_repository(
-    where: tp.Union[str, Path], *, git: tp.Optional[Git] = None, keep_bytes: int = UNTRACKED_CONTENT_LIMIT
+    where: tp.Union[str, Path],
+    *,
+    git: tp.Optional[Git] = None,
+    keep_bytes: int = UNTRACKED_CONTENT_LIMIT,
+    secret_patterns: tp.Optional[tp.Sequence[str]] = None,
 ) -> tp.Dict[str, tp.Any]:
     """The git record of the work tree holding ``where``, or ``{"kind": "none", "reason": ...}`` outside one.
 
     Keys starting with ``_`` (the diff bytes, the untracked and changed files' contents) are for
-    :func:`hpctrain.identity.snapshot.write_snapshot` and never written to the manifest."""
+    :func:`hpctrain.identity.snapshot.write_snapshot` and never written to the manifest. Files that look like
+    credentials (``secret_patterns``: the user's deny-list, default the one in effect,
+    :func:`hpctrain.identity.redact.active_rule`) are listed and hashed with ``withheld``; their bytes and their
+    part of the diff are not kept (``diff.sha256`` stays the whole diff's: the identity does not depend on the
+    rule; ``diff.stored_sha256`` is the stored diff's)."""
     git = git or Git()
+    rule = active_rule(secret_patterns)
     started = time.perf_counter()
     where = Path(where).resolve()
     root, why = _repo_root(git, where)
@@ -263,9 +365,9 @@ def capture_repository(
     remotes = _remotes(git, root)
     record: tp.Dict[str, tp.Any] = {
         "kind": "git",
-        "root": str(root),
+        **name_fields(str(root), "root"),
         "commit": commit,
-        "branch": branch.text() if branch.ok and branch.text() else None,
+        "branch": json_safe(branch.text()) if branch.ok and branch.text() else None,
         "remote_url": remotes.get("origin", next(iter(remotes.values()), None)),
         "remotes": remotes,
     }
@@ -291,42 +393,107 @@ def capture_repository(
         changed = [("A", p) for p in _split_z(ls.stdout)] if ls.ok else []
     modified: tp.List[tp.Dict[str, tp.Any]] = []
     for status, rel in changed:
-        entry: tp.Dict[str, tp.Any] = {"path": rel, "status": status}
+        entry: tp.Dict[str, tp.Any] = {**name_fields(rel), "status": status, "_name": rel}
+        why = rule.name(rel)
         if status != "D":
             info = _hash_file(root / rel, keep=HASH_LIMIT)
             if "error" in info and (root / rel).is_dir():
                 continue  # a submodule's gitlink
+            why = _withhold(rule, rel, info)
             entry.update(info)
+        if why:
+            entry["withheld"] = why
         modified.append(entry)
+    stored_diff = diff
+    if commit is not None and diff:
+        stored_diff = _diff_without_secrets(git, root, diff, modified)
     others = git.run(root, "ls-files", "-z", "--others", "--exclude-standard")
     untracked_names, run_dirs = _without_run_dirs(root, _split_z(others.stdout) if others.ok else [])
     untracked: tp.List[tp.Dict[str, tp.Any]] = []
     for rel in sorted(untracked_names)[:MAX_FILES]:
-        info = _hash_file(root / rel, keep=keep_bytes)
-        untracked.append({"path": rel, **info, "stored": "_content" in info})
-    dirty = sorted({m["path"] for m in modified} | set(untracked_names))
+        info = _hash_file(root / rel, keep=0 if rule.name(rel) else keep_bytes)
+        why = _withhold(rule, rel, info)
+        untracked.append({**name_fields(rel), **info, "stored": "_content" in info, "_name": rel})
+        if why:
+            untracked[-1]["withheld"] = why
+    dirty = sorted({m["path"] for m in modified} | {name_fields(n)["path"] for n in untracked_names})
+    withheld = sorted(e["path"] for e in modified + untracked if e.get("withheld"))
+    diff_record: tp.Dict[str, tp.Any] = {
+        "sha256": hashlib.sha256(diff).hexdigest(),
+        "bytes": len(diff),
+        "inline_limit_bytes": DIFF_INLINE_LIMIT,
+        **_inline(stored_diff),
+    }
+    if stored_diff is not diff:
+        diff_record.update(
+            stored_sha256=hashlib.sha256(stored_diff).hexdigest(),
+            stored_bytes=len(stored_diff),
+            withheld=sorted(m["path"] for m in modified if m.get("withheld")),
+        )
     record.update(
         dirty=bool(dirty),
         dirty_files=dirty[:200],
         dirty_count=len(dirty),
-        diff={
-            "sha256": hashlib.sha256(diff).hexdigest(),
-            "bytes": len(diff),
-            "inline_limit_bytes": DIFF_INLINE_LIMIT,
-            **_inline(diff),
-        },
+        diff=diff_record,
         modified=[_public(m) for m in modified],
         untracked=[_public(u) for u in untracked],
         untracked_count=len(untracked_names),
-        untracked_run_dirs_skipped=run_dirs[:50],
+        untracked_run_dirs_skipped=[name_fields(d)["path"] for d in run_dirs[:50]],
         untracked_content_limit_bytes=keep_bytes,
         hash_limit_bytes=HASH_LIMIT,
         seconds=round(time.perf_counter() - started, 4),
-        _diff=diff,
-        _modified={m["path"]: m["_content"] for m in modified if "_content" in m},
-        _untracked={u["path"]: u["_content"] for u in untracked if "_content" in u},
+        _diff=stored_diff,
+        _modified={m["_name"]: m["_content"] for m in modified if "_content" in m},
+        _untracked={u["_name"]: u["_content"] for u in untracked if "_content" in u},
     )
+    if withheld:
+        record["withheld"] = withheld
+    if rule.patterns:
+        record["secret_patterns"] = list(rule.patterns)
     return record
+
+
+def _diff_without_secrets(git: Git, root: Path, diff: bytes, modified: tp.List[tp.Dict[str, tp.Any]]) -> bytes:
+    """``diff`` (``git diff HEAD --binary``) without the changes of the withheld files: those ``modified``
+    already marks, and (marked here) those whose diff adds or removes a private key's header line. ``diff``
+    itself when nothing is withheld."""
+    if b"PRIVATE KEY" in diff:
+        found = git.run(
+            root,
+            "diff",
+            "HEAD",
+            "--name-only",
+            "-z",
+            "--no-renames",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--ignore-submodules",
+            f"-G{DIFF_KEY_REGEX}",
+        )
+        keys = set(_split_z(found.stdout)) if found.ok else set()
+        for m in modified:
+            if m["_name"] in keys and not m.get("withheld") and "symlink" not in m:
+                m["withheld"] = "its diff holds a private key"
+                m.pop("_content", None)
+    hidden = [m["_name"] for m in modified if m.get("withheld")]
+    if not hidden:
+        return diff
+    res = git.run(
+        root,
+        "diff",
+        "HEAD",
+        "--binary",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--ignore-submodules",
+        "--",
+        ".",
+        *(f":(exclude,literal){name}" for name in hidden),
+    )
+    if not res.ok:  # never store a diff that may hold them: the changed files' own copies rebuild the tree
+        return b""
+    return res.stdout
 
 
 def _without_run_dirs(root: Path, names: tp.List[str]) -> tp.Tuple[tp.List[str], tp.List[str]]:
@@ -370,10 +537,13 @@ def _inline(diff: bytes) -> tp.Dict[str, tp.Any]:
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
 
-def capture_files(root: tp.Union[str, Path], *, reason: str = "") -> tp.Dict[str, tp.Any]:
+def capture_files(
+    root: tp.Union[str, Path], *, reason: str = "", secret_patterns: tp.Optional[tp.Sequence[str]] = None
+) -> tp.Dict[str, tp.Any]:
     """``{"kind": "files", "sha256": ...}``: a sha256 over the sorted walk of ``root`` (a package directory or
-    one module file): each file's relative name, then its own sha256. ``__pycache__`` and VCS folders are
-    skipped; symlinks are hashed as their target text, never followed."""
+    one module file): each file's relative name, then its own sha256 (:func:`files_digest`). ``__pycache__`` and
+    VCS folders are skipped; symlinks are hashed as their target text, never followed. Files that look like
+    credentials are hashed and marked ``withheld`` (the snapshot leaves them out)."""
     started = time.perf_counter()
     root = Path(root)
     names: tp.List[str] = []
@@ -391,17 +561,21 @@ def capture_files(root: tp.Union[str, Path], *, reason: str = "") -> tp.Dict[str
             if len(names) > 2 * MAX_FILES:
                 break  # counted roughly beyond the listed ones; a package this large is not code
     names.sort()
-    overall = hashlib.sha256()
+    rule = active_rule(secret_patterns)
+    digest: tp.List[tp.Tuple[str, tp.Any]] = []
     files: tp.List[tp.Dict[str, tp.Any]] = []
     for rel in names[:MAX_FILES]:
         info = _hash_file(base / rel)
-        overall.update(os.fsencode(rel) + b"\0" + str(info.get("sha256") or info.get("size")).encode() + b"\n")
-        files.append({"path": rel, **_public(info)})
+        digest.append((rel, info.get("sha256") or info.get("size")))
+        why = _withhold(rule, rel, info)
+        files.append({**name_fields(rel), **_public(info), **({"withheld": why} if why else {})})
+    withheld = [f["path"] for f in files if f.get("withheld")]
     return {
         "kind": "files",
-        "root": str(root),
-        "reason": reason,
-        "sha256": overall.hexdigest(),
+        **name_fields(str(root), "root"),
+        "reason": json_safe(reason),
+        **({"withheld": withheld} if withheld else {}),
+        "sha256": files_digest(digest),
         "file_count": len(names),
         "files": files,
         "hash_limit_bytes": HASH_LIMIT,
@@ -410,10 +584,10 @@ def capture_files(root: tp.Union[str, Path], *, reason: str = "") -> tp.Dict[str
 
 
 # ----------------------------------------------------------------------------------------------- both
-def _capture_at(where: Path, fallback_root: Path, git: Git) -> tp.Dict[str, tp.Any]:
-    record = capture_repository(where, git=git)
+def _capture_at(where: Path, fallback_root: Path, git: Git, patterns: tp.Sequence[str]) -> tp.Dict[str, tp.Any]:
+    record = capture_repository(where, git=git, secret_patterns=patterns)
     if record["kind"] == "none":
-        return capture_files(fallback_root, reason=record["reason"])
+        return capture_files(fallback_root, reason=record["reason"], secret_patterns=patterns)
     return record
 
 
@@ -423,44 +597,47 @@ def capture_code(
     argv: tp.Sequence[str] = (),
     entry_args: tp.Sequence[str] = (),
     git: tp.Optional[Git] = None,
+    secret_patterns: tp.Optional[tp.Sequence[str]] = None,
 ) -> tp.Dict[str, tp.Any]:
     """The ``code`` section: the entry's repository (or its package files) and hpctrain's own, the entry point
-    and the command line. Private keys (``_diff`` ...) stay inside, for
-    :func:`hpctrain.identity.snapshot.write_snapshot`."""
+    and the command line (secret values redacted: :func:`hpctrain.identity.redact.redact_argv`). Private keys
+    (``_diff`` ...) stay inside, for :func:`hpctrain.identity.snapshot.write_snapshot`. ``secret_patterns``: the
+    user's deny-list (default: the one in effect, :func:`hpctrain.identity.redact.using_patterns`)."""
     import hpctrain
 
     git = git or Git()
+    patterns = active_rule(secret_patterns).patterns
     started = time.perf_counter()
     repos: tp.Dict[str, tp.Dict[str, tp.Any]] = {}
     file, root, why = entry_location(entry) if entry else (None, None, "no entry")
     if file is not None and root is not None:
-        repos["entry"] = _capture_at(file, root, git)
+        repos["entry"] = _capture_at(file, root, git, patterns)
     else:
         repos["entry"] = {"kind": "unavailable", "reason": why}
     package = Path(hpctrain.__file__).resolve().parent
-    entry_root = repos["entry"].get("root") if repos["entry"].get("kind") == "git" else None
+    entry_root = name_of(repos["entry"], "root") if repos["entry"].get("kind") == "git" else None
     here, why = _repo_root(git, package)
     if here is not None and entry_root is not None and str(here) == entry_root:
-        repos["hpctrain"] = {"kind": "same", "same_as": "entry", "root": entry_root}
+        repos["hpctrain"] = {"kind": "same", "same_as": "entry", **name_fields(entry_root, "root")}
     elif here is not None:
-        repos["hpctrain"] = capture_repository(package, git=git)
+        repos["hpctrain"] = capture_repository(package, git=git, secret_patterns=patterns)
     else:
-        repos["hpctrain"] = capture_files(package, reason=why)
+        repos["hpctrain"] = capture_files(package, reason=why, secret_patterns=patterns)
     return {
-        "entry": entry,
-        "entry_file": str(file) if file else None,
-        "entry_args": list(entry_args),
-        "argv": list(argv),
+        "entry": json_safe(entry),
+        "entry_file": json_safe(str(file)) if file else None,
+        "entry_args": json_safe(redact_argv(entry_args)),
+        "argv": json_safe(redact_argv(argv)),
         "repositories": repos,
         "seconds": round(time.perf_counter() - started, 4),
     }
 
 
 def public_code(code: tp.Dict[str, tp.Any]) -> tp.Dict[str, tp.Any]:
-    """The ``code`` section without the private bytes (what goes into the manifest)."""
+    """The ``code`` section without the private bytes (what goes into the manifest), valid UTF-8 throughout."""
     out = dict(code)
     out["repositories"] = {name: _public(r) for name, r in code.get("repositories", {}).items()}
-    return out
+    return json_safe(out)
 
 
 def code_essentials(code: tp.Optional[tp.Mapping[str, tp.Any]]) -> tp.Any:
@@ -476,8 +653,12 @@ def code_essentials(code: tp.Optional[tp.Mapping[str, tp.Any]]) -> tp.Any:
             out[name] = {
                 "commit": repo.get("commit"),
                 "diff_sha256": (repo.get("diff") or {}).get("sha256"),
-                "modified": sorted((m["path"], m.get("status"), m.get("sha256")) for m in repo.get("modified", [])),
-                "untracked": sorted((u["path"], u.get("sha256"), u.get("size")) for u in repo.get("untracked", [])),
+                "modified": sorted(
+                    (_ident_name(m), m.get("status"), m.get("sha256")) for m in repo.get("modified", [])
+                ),
+                "untracked": sorted(
+                    (_ident_name(u), u.get("sha256"), u.get("size")) for u in repo.get("untracked", [])
+                ),
                 "untracked_count": repo.get("untracked_count"),
             }
         elif kind == "files":
@@ -494,7 +675,7 @@ def dirty_summary(code: tp.Mapping[str, tp.Any]) -> tp.List[str]:
     phrases = []
     for name, repo in code.get("repositories", {}).items():
         if repo.get("kind") == "git" and repo.get("dirty"):
-            files = repo.get("dirty_files", [])
+            files = [shown_name(f) for f in repo.get("dirty_files", [])]
             shown = ", ".join(files[:8]) + (f" (+{repo['dirty_count'] - 8} more)" if repo["dirty_count"] > 8 else "")
             phrases.append(f"{'the entry' if name == 'entry' else name}'s repository {repo['root']} is dirty: {shown}")
     return phrases

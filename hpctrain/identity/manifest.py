@@ -15,8 +15,13 @@ Plain JSON in the run directory (:class:`~hpctrain.rundir.RunDir` names every fi
 
 The **identity** is :func:`identity_hash`: the sha256 of the canonical JSON of the per-section digests of
 code, config, data and runtime essentials (see :func:`section_essentials`); never times, host names, pids,
-paths or Slurm ids. Every record carries ``identity``, ``identity_sections`` and ``previous``: which earlier
-attempt it was compared with and which sections changed (:func:`current_identity`, :func:`attempt_history`).
+paths or Slurm ids. It is the one function that computes an identity: at capture, and when ``bundle verify``
+recomputes it from a bundled record. Since :data:`IDENTITY_FORMAT` 2 the code section binds the code
+snapshot's content (:func:`snapshot_digest`: every member's name, kind and sha256, not times or owners), so an
+edit inside the snapshot is a different identity; records written before it (no ``identity_format``: format 1)
+keep their identity, computed as it was then. Every record carries ``identity``, ``identity_sections`` and
+``previous``: which earlier attempt it was compared with and which sections changed (:func:`current_identity`,
+:func:`attempt_history`).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import hashlib
 import json
 import os
 import sys
+import tarfile
 import time
 import typing as tp
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +49,11 @@ from hpctrain.rundir import RunDir, dumps_record, read_json
 __all__ = [
     "SCHEMA",
     "SECTIONS",
+    "IDENTITY_FORMAT",
     "RunIdentity",
+    "SnapshotUnreadable",
+    "snapshot_digest",
+    "identity_format",
     "canonical_json",
     "section_essentials",
     "section_digests",
@@ -59,6 +70,14 @@ __all__ = [
 
 SCHEMA = "hpctrain.identity/1"
 SECTIONS = ("code", "config", "data", "runtime")
+IDENTITY_FORMAT = 2
+"""How :func:`identity_hash` combines the sections (the record's ``identity_format``; absent: 1). 1: code,
+config, data and runtime essentials. 2: the same, and the code section binds the code snapshot's content hash
+(``code.snapshot.content_sha256``, :func:`snapshot_digest`)."""
+SNAPSHOT_DIGEST_LIMIT = 16 << 30
+"""Bytes a code snapshot may unpack to when it is hashed (the snapshot reader's own bound)."""
+SNAPSHOT_MEMBERS_LIMIT = 1_000_000
+SNAPSHOT_MANIFEST_LIMIT = 16 << 20
 CONFIG_KEYS = ("entry", "entry_args", "world_size", "gpus_per_node", "train", "seed")
 """The config essentials: what the ranks compute with. Scheduling (time, partition, account, requeues), names
 and paths (job name, run directory) and ownership do not change a result, so they are recorded but not hashed."""
@@ -92,25 +111,173 @@ def _data_essentials(data: tp.Optional[tp.Mapping[str, tp.Any]]) -> tp.Any:
     return [essentials(f) for f in data["files"]]
 
 
-def section_essentials(manifest: tp.Mapping[str, tp.Any]) -> tp.Dict[str, tp.Any]:
-    """Per section, what makes the identity (None: not recorded yet)."""
+def identity_format(manifest: tp.Mapping[str, tp.Any]) -> int:
+    """The record's :data:`IDENTITY_FORMAT` (1 when it names none: written before format 2). ValueError for a
+    format this hpctrain does not know (a newer one, or not a positive integer)."""
+    value = manifest.get("identity_format", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= IDENTITY_FORMAT:
+        raise ValueError(
+            f"identity format {str(value)[:20]!r} is not one this hpctrain knows (1..{IDENTITY_FORMAT}); "
+            "upgrade hpctrain to recompute it"
+        )
+    return value
+
+
+def _snapshot_binding(code: tp.Any) -> tp.Optional[str]:
+    snap = code.get("snapshot") if isinstance(code, dict) else None
+    value = snap.get("content_sha256") if isinstance(snap, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def section_essentials(manifest: tp.Mapping[str, tp.Any], fmt: tp.Optional[int] = None) -> tp.Dict[str, tp.Any]:
+    """Per section, what makes the identity (None: not recorded yet), as identity format ``fmt`` (default: the
+    record's own) defines it."""
+    fmt = identity_format(manifest) if fmt is None else fmt
+    code = code_essentials(manifest.get("code"))
+    if fmt >= 2 and code is not None:
+        code = {"repositories": code, "snapshot": _snapshot_binding(manifest.get("code"))}
     return {
-        "code": code_essentials(manifest.get("code")),
+        "code": code,
         "config": _config_essentials(manifest.get("config")),
         "data": _data_essentials(manifest.get("data")),
         "runtime": runtime_essentials(manifest.get("runtime")),
     }
 
 
-def section_digests(manifest: tp.Mapping[str, tp.Any]) -> tp.Dict[str, tp.Optional[str]]:
-    return {k: None if v is None else _sha(v) for k, v in section_essentials(manifest).items()}
+def section_digests(manifest: tp.Mapping[str, tp.Any], fmt: tp.Optional[int] = None) -> tp.Dict[str, tp.Optional[str]]:
+    return {k: None if v is None else _sha(v) for k, v in section_essentials(manifest, fmt).items()}
 
 
 def identity_hash(manifest: tp.Mapping[str, tp.Any]) -> str:
     """The run's identity: sha256 of the canonical JSON of the section digests (code, config, data, runtime
-    essentials). Equal manifests of the same code, config, data and environment give the same identity on any
-    host, at any time, in any run directory."""
-    return _sha({"schema": SCHEMA, "sections": section_digests(manifest)})
+    essentials; from format 2 the code section includes the code snapshot's content hash). Equal manifests of the
+    same code, config, data and environment give the same identity on any host, at any time, in any run
+    directory. The one function that computes an identity: capture writes it, ``bundle verify`` recomputes it.
+    ValueError for a record of an identity format this hpctrain does not know."""
+    fmt = identity_format(manifest)
+    if fmt == 1:  # as records written before format 2 computed it: their identities stay what they were
+        return _sha({"schema": SCHEMA, "sections": section_digests(manifest, 1)})
+    return _sha({"schema": SCHEMA, "format": fmt, "sections": section_digests(manifest, fmt)})
+
+
+# ----------------------------------------------------------------------------------------------- snapshot digest
+class SnapshotUnreadable(ValueError):
+    """The code snapshot cannot be hashed: not a tar.gz, damaged, or over the bounds (one line)."""
+
+
+class _Counting:
+    """A read-only file over ``raw`` that hashes and counts the bytes passed on (the snapshot's own sha256)."""
+
+    def __init__(self, raw: tp.BinaryIO) -> None:
+        self.raw, self.sha256, self.size = raw, hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.sha256.update(data)
+        self.size += len(data)
+        return data
+
+
+def _member_manifest(name: str, data: bytes) -> tp.Any:
+    """A repository's ``MANIFEST.json`` inside the snapshot, as what of it defines the code (its commit, diff
+    and file hashes: :func:`code_essentials`), not its paths or times; an unreadable one by its bytes."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict):
+        return ["bytes", hashlib.sha256(data).hexdigest()]
+    try:
+        return ["manifest", _sha(code_essentials({"repositories": {name.split("/", 1)[0]: doc}}))]
+    except (TypeError, KeyError, AttributeError, ValueError):
+        return ["bytes", hashlib.sha256(data).hexdigest()]
+
+
+def snapshot_digest(
+    source: tp.Union[str, "os.PathLike[str]", tp.BinaryIO], *, limit: int = SNAPSHOT_DIGEST_LIMIT
+) -> tp.Dict[str, tp.Any]:
+    """``{"sha256", "bytes", "content_sha256", "members"}`` of a code snapshot (a path or a readable binary
+    stream), read once, member by member, never unpacked. ``sha256``/``bytes``: of the tar.gz itself;
+    ``content_sha256``: of what it holds: every member's name, kind (file, executable bit, link target) and
+    sha256, sorted by name; times, owners and compression are left out, so the same code gives the same hash
+    whenever and wherever it was archived. A repository's ``MANIFEST.json`` counts by its code essentials.
+    :class:`SnapshotUnreadable` (one line) for a damaged snapshot or one over ``limit`` bytes unpacked."""
+    opened = None
+    if isinstance(source, (str, os.PathLike)):
+        opened = open(os.fspath(source), "rb")  # noqa: SIM115 - closed below
+        raw: tp.BinaryIO = opened
+    else:
+        raw = source
+    counting = _Counting(raw)
+    entries: tp.List[tp.List[tp.Any]] = []
+    total = 0
+    try:
+        with tarfile.open(fileobj=counting, mode="r|gz") as tar:  # type: ignore[call-overload]
+            for m in tar:
+                if len(entries) >= SNAPSHOT_MEMBERS_LIMIT:
+                    raise SnapshotUnreadable(f"more than {SNAPSHOT_MEMBERS_LIMIT} members; not a code snapshot")
+                name = _lossless(m.name)
+                if m.isreg():
+                    total += m.size
+                    if total > limit:
+                        raise SnapshotUnreadable(f"unpacks to more than {limit} bytes; not a code snapshot")
+                    src = tar.extractfile(m)
+                    assert src is not None
+                    parts = [p for p in m.name.split("/") if p not in ("", ".")]
+                    if len(parts) == 2 and parts[1] == "MANIFEST.json" and m.size <= SNAPSHOT_MANIFEST_LIMIT:
+                        entries.append([name, *_member_manifest(m.name, src.read())])
+                        continue
+                    h = hashlib.sha256()
+                    while True:
+                        block = src.read(1 << 20)
+                        if not block:
+                            break
+                        h.update(block)
+                    entries.append([name, "file", bool(m.mode & 0o111), h.hexdigest()])
+                elif m.issym() or m.islnk():
+                    entries.append([name, "symlink" if m.issym() else "hardlink", _lossless(m.linkname)])
+                elif not m.isdir():
+                    entries.append([name, "special", m.type.decode("latin-1")])
+        while counting.read(1 << 20):  # what follows the end-of-archive blocks is part of the file's sha256
+            pass
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise SnapshotUnreadable(f"not a readable code snapshot ({shorten(str(exc), 160)})") from None
+    finally:
+        if opened is not None:
+            opened.close()
+    entries.sort(key=lambda e: json.dumps(e, sort_keys=True))
+    return {
+        "sha256": counting.sha256.hexdigest(),
+        "bytes": counting.size,
+        "content_sha256": _sha({"snapshot_content": 1, "members": entries}),
+        "members": len(entries),
+    }
+
+
+def _lossless(name: str) -> tp.Union[str, tp.Dict[str, str]]:
+    """A tar member's name as JSON can hold it: the name itself, or ``{"hex": ...}`` of its bytes for a name that
+    is not UTF-8 (tarfile hands those over as lone surrogates, which no JSON encoder writes)."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return {"hex": name.encode("utf-8", "surrogateescape").hex()}
+
+
+def _bind_snapshot(snapshot: tp.Dict[str, tp.Any], path: Path) -> tp.Dict[str, tp.Any]:
+    """The snapshot record with its content hash (what the identity binds), read back from ``path``."""
+    try:
+        digest = snapshot_digest(path)
+    except (SnapshotUnreadable, OSError) as exc:
+        return {**snapshot, "content_sha256": None, "digest_error": shorten(str(exc), 300)}
+    if snapshot.get("sha256") not in (None, digest["sha256"]):  # changed between its write and this read
+        return {**snapshot, "content_sha256": None, "digest_error": "the snapshot changed after it was written"}
+    return {
+        **snapshot,
+        "sha256": digest["sha256"],
+        "bytes": digest["bytes"],
+        "content_sha256": digest["content_sha256"],
+    }
 
 
 @dataclass(frozen=True)
@@ -228,14 +395,15 @@ def _compare(manifest: tp.Mapping[str, tp.Any], earlier: tp.Sequence[tp.Mapping[
     """Which sections differ from the newest earlier attempt that recorded each one."""
     if not earlier:
         return {"attempt": None, "identity": None, "changed": [], "details": []}
-    mine = section_essentials(manifest)
     changed: tp.List[str] = []
     details: tp.List[str] = []
     for section in SECTIONS:
-        if mine[section] is None:
+        if section_essentials(manifest)[section] is None:
             continue
         for rec in earlier:
-            theirs = section_essentials(rec)[section]
+            fmt = min(_format_or_1(manifest), _format_or_1(rec))  # an upgrade between attempts is no change
+            mine = section_essentials(manifest, fmt)
+            theirs = section_essentials(rec, fmt)[section]
             if theirs is None:
                 continue
             if _sha(_comparable(section, mine[section], theirs)) != _sha(mine[section]):
@@ -258,6 +426,13 @@ def _compare(manifest: tp.Mapping[str, tp.Any], earlier: tp.Sequence[tp.Mapping[
         "changed": changed,
         "details": details,
     }
+
+
+def _format_or_1(record: tp.Mapping[str, tp.Any]) -> int:
+    try:
+        return identity_format(record)
+    except ValueError:
+        return 1
 
 
 def _attempts(paths: RunDir) -> tp.List[tp.Tuple[Path, tp.Dict[str, tp.Any]]]:
@@ -331,6 +506,7 @@ def capture_submit(
     manifest: tp.Dict[str, tp.Any] = {
         "schema": SCHEMA,
         "kind": "submit",
+        "identity_format": IDENTITY_FORMAT,
         "captured_at": time.time(),
         "code": public_code(code),
         "config": _config_from(cfg),
@@ -345,12 +521,17 @@ def capture_submit(
         paths.identity.mkdir(parents=True, exist_ok=True)
         rel = os.path.relpath(paths.code_snapshot, paths.root)
         if paths.code_snapshot.exists():
-            manifest["code"]["snapshot"] = {"path": rel, "kept": "an earlier snapshot was kept"}
+            kept = {"path": rel, "kept": "an earlier snapshot was kept"}
+            manifest["code"]["snapshot"] = _bind_snapshot(kept, paths.code_snapshot)
         else:
             try:
-                manifest["code"]["snapshot"] = {"path": rel, **write_snapshot(paths.code_snapshot, code, git=git)}
+                written_snapshot = {"path": rel, **write_snapshot(paths.code_snapshot, code, git=git)}
             except (OSError, EOFError, ValueError) as exc:  # git archive failed: the manifest still lists every hash
                 manifest["code"]["snapshot"] = {"path": None, "error": shorten(str(exc), 300)}
+            else:  # the content hash the identity binds, read back from what was written
+                manifest["code"]["snapshot"] = _bind_snapshot(written_snapshot, paths.code_snapshot)
+    elif first is not None and isinstance(first.get("code"), dict) and "snapshot" in first["code"]:
+        manifest["code"]["snapshot"] = first["code"]["snapshot"]  # --resume keeps the first snapshot: the same one
     manifest["identity_sections"] = section_digests(manifest)
     manifest["identity"] = identity_hash(manifest)
     manifest["capture_s"] = round(time.perf_counter() - started, 4)
@@ -363,7 +544,8 @@ def capture_submit(
         atomic_write_json(paths.identity_submit, manifest)
     elif first is not None:
         old = first.get("identity_sections") or {}
-        manifest["differs_from_first"] = [s for s in SECTIONS if old.get(s) != manifest["identity_sections"].get(s)]
+        mine = section_digests(manifest, _format_or_1(first))  # as the first record's format computed its sections
+        manifest["differs_from_first"] = [s for s in SECTIONS if old.get(s) != mine.get(s)]
         manifest["first_identity"] = first.get("identity")
     manifest["written"] = written
     manifest["path"] = str(paths.identity_submit)
@@ -405,9 +587,12 @@ def capture_start(
     elif isinstance(submit.get("code"), dict):
         diffs = _code_differences(submit["code"], code)
         code["vs_submit"] = {"same": not diffs, "differences": diffs}
+        if isinstance(submit["code"].get("snapshot"), dict):  # what reproduce rebuilds: bound into this identity
+            code["snapshot"] = submit["code"]["snapshot"]
     manifest: tp.Dict[str, tp.Any] = {
         "schema": SCHEMA,
         "kind": "attempt",
+        "identity_format": IDENTITY_FORMAT,
         "captured_at": time.time(),
         "attempt": {
             "job_id": str(job_id),
@@ -451,6 +636,7 @@ def _load_attempt(paths: RunDir, job_id: str, restart_count: int) -> tp.Tuple[Pa
         rec = {
             "schema": SCHEMA,
             "kind": "attempt",
+            "identity_format": IDENTITY_FORMAT,
             "captured_at": time.time(),
             "attempt": {"job_id": str(job_id), "restart_count": int(restart_count)},
             "code": None,

@@ -6,6 +6,10 @@ torch is imported only by :func:`torch_info`, which :func:`capture_runtime` call
 on the nodes, where the Runner has imported torch already); the login node records torch's installed version
 from its metadata instead. Every probe is guarded: a missing ``/proc`` file or a CUDA call that fails is
 an ``error`` entry, never an exception.
+
+Environment variables are recorded through :func:`hpctrain.identity.redact.redact_env`: the value of one whose
+name looks like a secret (``SLURM_JWT``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*KEY*``, ``AWS_*``) is
+``<redacted>``, URLs lose their credentials; text that is not UTF-8 is escaped (a record is valid UTF-8 JSON).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import sys
 import typing as tp
 
 from hpctrain._files import shorten
+from hpctrain.identity.code import json_safe
+from hpctrain.identity.redact import redact_env
 
 __all__ = ["capture_runtime", "runtime_essentials", "distributions", "torch_info", "cpu_model", "container"]
 
@@ -62,7 +68,7 @@ def cpu_model() -> tp.Dict[str, tp.Any]:
 
 
 def container() -> tp.Optional[tp.Dict[str, tp.Any]]:
-    found = {k: os.environ[k] for k in _CONTAINER_VARS if os.environ.get(k)}
+    found = redact_env({k: os.environ[k] for k in _CONTAINER_VARS if os.environ.get(k)})
     if os.path.exists("/.dockerenv"):
         found["docker"] = "/.dockerenv"
     if os.path.exists("/run/.containerenv"):
@@ -130,7 +136,7 @@ def torch_info(cuda: tp.Any = None) -> tp.Dict[str, tp.Any]:
                 gpu["error"] = f"{type(exc).__name__}: {shorten(exc, 160)}"
             gpus.append(gpu)
     info["gpus"] = gpus
-    info["visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    info["visible_devices"] = json_safe(os.environ.get("CUDA_VISIBLE_DEVICES"))
     return info
 
 
@@ -155,14 +161,14 @@ def capture_runtime(*, node: bool, hostnames: tp.Sequence[str] = (), cuda: tp.An
         "cpu": cpu_model(),
         "modules": [m for m in os.environ.get("LOADEDMODULES", "").split(":") if m],
         "container": container(),
-        "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")},
+        "slurm": redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")}),
         "where": "node" if node else "login",
     }
     if node:
         record["torch"] = torch_info(cuda)
     else:
         record["torch"] = {"version": dists.get("torch"), "imported": False}
-    return record
+    return json_safe(record)
 
 
 def runtime_essentials(runtime: tp.Optional[tp.Mapping[str, tp.Any]]) -> tp.Any:

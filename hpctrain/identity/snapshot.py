@@ -11,10 +11,18 @@ tree, the untracked files up to :data:`hpctrain.identity.code.UNTRACKED_CONTENT_
 is recorded), or the hashed package files. :func:`restore_snapshot` unpacks it member by member (nothing
 outside the tree, no ``.git``), re-creates the archived commit, lays the changes over it and compares every
 hash with the record. Nothing in a snapshot is executed.
+
+Nothing that looks like a credential is stored (:mod:`hpctrain.identity.redact`): the capture marks the changed
+and untracked files it withholds, and :func:`write_snapshot` leaves out of ``git archive``'s stream every
+committed file whose name or first bytes the same rule matches; the names and hashes are recorded
+(``MANIFEST.json`` ``withheld_from_tree``, and ``withheld`` in what it returns), one warning line says which,
+and the reader restores the rest and notes each withheld file. File names are bytes: the tar members carry
+them exactly (pax ``hdrcharset=BINARY`` where they are not UTF-8), the records through ``path_hex``.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -22,6 +30,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 import typing as tp
@@ -30,7 +39,20 @@ from pathlib import Path
 from hpctrain._atomic import fsync_dir
 from hpctrain._files import shorten
 from hpctrain.errors import UsageError
-from hpctrain.identity.code import _BLOCK, Git, _hash_file, _public, capture_files, capture_repository
+from hpctrain.identity.code import (
+    _BLOCK,
+    Git,
+    _hash_file,
+    _public,
+    capture_files,
+    capture_repository,
+    files_digest,
+    json_safe,
+    name_fields,
+    name_of,
+    shown_name,
+)
+from hpctrain.identity.redact import HEAD_BYTES, SecretRule, active_rule
 
 __all__ = ["write_snapshot", "restore_snapshot"]
 
@@ -44,11 +66,14 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) 
     tar.addfile(info, io.BytesIO(data))
 
 
-def _copy_git_archive(out: tp.BinaryIO, git: Git, root: str, commit: str, prefix: str, scratch: Path) -> None:
+def _copy_git_archive(
+    out: tp.BinaryIO, git: Git, root: str, commit: str, prefix: str, scratch: Path, rule: SecretRule
+) -> tp.List[tp.Dict[str, tp.Any]]:
     """Append ``git archive --prefix=<prefix> <commit>`` to the uncompressed tar stream ``out``, without its
-    end-of-archive blocks (the snapshot's own members and end follow). The archive is spooled to ``scratch``
-    and only its headers are parsed (to find where its last member ends): git writes the bytes, zlib
-    compresses them, and Python never touches a file's content."""
+    end-of-archive blocks (the snapshot's own members and end follow), and without the committed files ``rule``
+    withholds (by name, or by their first bytes); returns those (name, sha256, size, why). The archive is
+    spooled to ``scratch`` and only its headers and each file's first bytes are parsed: git writes the bytes,
+    zlib compresses them, and Python copies them by byte range."""
     with open(scratch, "wb") as spool:
         proc = git.stream(root, "archive", "--format=tar", f"--prefix={prefix}", commit)
         try:
@@ -62,21 +87,56 @@ def _copy_git_archive(out: tp.BinaryIO, git: Git, root: str, commit: str, prefix
     if rc != 0:
         raise OSError(f"git archive {commit[:12]} in {root} failed: {shorten(err, 200) or f'exit {rc}'}")
     with tarfile.open(scratch, "r:") as tar:
-        for _ in tar:  # headers only: TarFile.offset ends up just past the last member's data
-            pass
+        members = list(tar)  # headers only: TarFile.offset ends up just past the last member's data
         end = tar.offset
+    withheld: tp.List[tp.Dict[str, tp.Any]] = []
+    skip: tp.List[tp.Tuple[int, int]] = []  # byte ranges of withheld members (their headers, pax ones too, and data)
     with open(scratch, "rb") as spool:
-        remaining = end
-        while remaining:
-            block = spool.read(min(_BLOCK, remaining))
-            if not block:
-                raise OSError(f"git archive {commit[:12]} in {root} ended early")
-            out.write(block)
-            remaining -= len(block)
+        for i, member in enumerate(members):
+            if not member.isreg() or not member.name.startswith(prefix):
+                continue
+            rel = member.name[len(prefix) :]
+            why = rule.name(rel)
+            if why is None:
+                spool.seek(member.offset_data)
+                why = rule.content(spool.read(min(member.size, HEAD_BYTES)))
+            if why is None:
+                continue
+            spool.seek(member.offset_data)
+            h, left = hashlib.sha256(), member.size
+            while left:
+                piece = spool.read(min(_BLOCK, left))
+                if not piece:
+                    break
+                h.update(piece)
+                left -= len(piece)
+            withheld.append({**name_fields(rel), "sha256": h.hexdigest(), "size": member.size, "withheld": why})
+            skip.append((member.offset, members[i + 1].offset if i + 1 < len(members) else end))
+        spool.seek(0)
+        position = 0
+        for start, stop in [*skip, (end, end)]:
+            _copy_range(spool, out, start - position, f"git archive {commit[:12]} in {root} ended early")
+            spool.seek(stop)
+            position = stop
+    return withheld
 
 
-def _add_repository(tar: tarfile.TarFile, name: str, repo: tp.Mapping[str, tp.Any]) -> None:
-    manifest = _public(dict(repo))
+def _copy_range(src: tp.BinaryIO, out: tp.BinaryIO, count: int, early: str) -> None:
+    remaining = count
+    while remaining > 0:
+        block = src.read(min(_BLOCK, remaining))
+        if not block:
+            raise OSError(early)
+        out.write(block)
+        remaining -= len(block)
+
+
+def _add_repository(
+    tar: tarfile.TarFile, name: str, repo: tp.Mapping[str, tp.Any], from_tree: tp.Sequence[tp.Mapping[str, tp.Any]]
+) -> None:
+    manifest = json_safe(_public(dict(repo)))
+    if from_tree:
+        manifest["withheld_from_tree"] = list(from_tree)
     if repo.get("kind") == "git":
         manifest["diff"] = {k: v for k, v in manifest.get("diff", {}).items() if k not in ("text", "base64")}
         _add_bytes(tar, f"{name}/diff.patch", repo.get("_diff", b""))
@@ -85,11 +145,12 @@ def _add_repository(tar: tarfile.TarFile, name: str, repo: tp.Mapping[str, tp.An
         for rel, content in sorted(repo.get("_untracked", {}).items()):
             _add_bytes(tar, f"{name}/untracked/{rel}", content)
     elif repo.get("kind") == "files":
-        root = Path(repo["root"])
+        root = Path(name_of(repo, "root"))
         base = root.parent if root.is_file() else root
         for f in repo.get("files", []):
-            if f.get("sha256") and "symlink" not in f:
-                tar.add(str(base / f["path"]), arcname=f"{name}/files/{f['path']}", recursive=False)
+            if f.get("sha256") and "symlink" not in f and not f.get("withheld"):
+                rel = name_of(f)
+                tar.add(str(base / rel), arcname=f"{name}/files/{rel}", recursive=False)
     _add_bytes(tar, f"{name}/MANIFEST.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
 
 
@@ -102,14 +163,23 @@ For each repository (entry/, and hpctrain/ when hpctrain is not in the entry's r
                       status D: delete that path) - copying them over tree/ gives the same result
           untracked/  untracked files up to untracked_content_limit_bytes each (all are listed, hashed)
   files:  files/      the package files that were hashed (MANIFEST.json "files", "sha256")
+Files that look like credentials are never stored: MANIFEST.json lists them with their sha256 and
+"withheld" (changed and untracked ones in "modified"/"untracked", committed ones in "withheld_from_tree").
+A name that is not UTF-8 is "path" with \\xNN escapes and "path_hex" (its bytes, in hex) in MANIFEST.json.
 """
 
 
 def write_snapshot(
-    path: tp.Union[str, Path], code: tp.Mapping[str, tp.Any], *, git: tp.Optional[Git] = None
+    path: tp.Union[str, Path],
+    code: tp.Mapping[str, tp.Any],
+    *,
+    git: tp.Optional[Git] = None,
+    warn: tp.Optional[tp.Callable[[str], None]] = None,
 ) -> tp.Dict[str, tp.Any]:
     """Write the code snapshot tar.gz to ``path`` durably (tmp, fsync, rename, fsync the directory); returns
-    ``{sha256, bytes, seconds}`` for the manifest. Needs the private keys of
+    ``{sha256, bytes, seconds}`` for the manifest, and ``withheld`` (``[{repository, path, sha256, size,
+    withheld, where}]``) when files that look like credentials were left out: then ``warn`` (default: standard
+    error) gets one line naming them. Needs the private keys of
     :func:`hpctrain.identity.code.capture_code`'s result."""
     git = git or Git()
     started = time.perf_counter()
@@ -119,18 +189,23 @@ def write_snapshot(
     scratch = path.with_name(f".{path.name}.archive-{token}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
     repos = code.get("repositories", {})
+    from_tree: tp.Dict[str, tp.List[tp.Dict[str, tp.Any]]] = {}
     try:
         with os.fdopen(fd, "wb") as raw:
             h = _HashingWriter(raw)
             with gzip.GzipFile(fileobj=h, mode="wb", compresslevel=1, mtime=0) as gz:
                 for name, repo in repos.items():
                     if repo.get("kind") == "git" and repo.get("commit"):
-                        _copy_git_archive(gz, git, repo["root"], repo["commit"], f"{name}/tree/", scratch)
+                        rule = active_rule(repo.get("secret_patterns"))
+                        root = name_of(repo, "root")
+                        from_tree[name] = _copy_git_archive(
+                            gz, git, root, repo["commit"], f"{name}/tree/", scratch, rule
+                        )
                 with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                     _add_bytes(tar, "README", _README)
                     for name, repo in repos.items():
                         if repo.get("kind") in ("git", "files"):
-                            _add_repository(tar, name, repo)
+                            _add_repository(tar, name, repo, from_tree.get(name, ()))
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, path)
@@ -140,7 +215,52 @@ def write_snapshot(
         raise
     finally:
         scratch.unlink(missing_ok=True)
-    return {"sha256": h.sha256.hexdigest(), "bytes": h.size, "seconds": round(time.perf_counter() - started, 4)}
+    out: tp.Dict[str, tp.Any] = {
+        "sha256": h.sha256.hexdigest(),
+        "bytes": h.size,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    withheld = _withheld(repos, from_tree)
+    if withheld:
+        out["withheld"] = withheld
+        (warn or _warn)(withheld_warning(withheld))
+    return out
+
+
+def _withheld(
+    repos: tp.Mapping[str, tp.Mapping[str, tp.Any]], from_tree: tp.Mapping[str, tp.Sequence[tp.Mapping[str, tp.Any]]]
+) -> tp.List[tp.Dict[str, tp.Any]]:
+    """Every file a snapshot left out as a credential: ``{repository, path(, path_hex), sha256, size, withheld,
+    where}`` (where: ``modified``, ``untracked``, ``files`` or ``commit``)."""
+    out: tp.List[tp.Dict[str, tp.Any]] = []
+    for name, repo in repos.items():
+        lists = [(where, repo.get(where) or []) for where in ("modified", "untracked", "files")]
+        for where, entries in [*lists, ("commit", from_tree.get(name) or [])]:
+            for e in entries:
+                if isinstance(e, dict) and e.get("withheld"):
+                    keep = ("path", "path_hex", "sha256", "size", "withheld")
+                    out.append({"repository": name, **{k: e[k] for k in keep if k in e}, "where": where})
+    return json_safe(out)
+
+
+def withheld_warning(withheld: tp.Sequence[tp.Mapping[str, tp.Any]], show: int = 10) -> str:
+    """The one line that names the files a snapshot did not store."""
+    names: tp.List[str] = []
+    for w in withheld:
+        shown = shown_name(str(w.get("path")))
+        shown = shown if w.get("repository") == "entry" else f"{w.get('repository')}:{shown}"
+        if shown not in names:
+            names.append(shown)
+    more = f" (+{len(names) - show} more)" if len(names) > show else ""
+    files = "1 file that looks" if len(names) == 1 else f"{len(names)} files that look"
+    return (
+        f"hpctrain: {files} like credentials were not stored in the code snapshot (names and hashes recorded): "
+        f"{', '.join(names[:show])}{more}"
+    )
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class _HashingWriter(io.RawIOBase):
@@ -163,6 +283,7 @@ class _HashingWriter(io.RawIOBase):
 # ----------------------------------------------------------------------------------------------- reading it back
 RESTORE_LIMIT = 16 << 30
 """Bytes a snapshot may unpack to at most (a damaged or forged tar must not fill the disk)."""
+_WITHHELD = "withheld from the snapshot as a credential"
 _REBUILT_BY = "hpctrain reproduce"
 _REBUILT_EMAIL = "reproduce@hpctrain.invalid"
 _REBUILT_DATE = "946684800 +0000"  # 2000-01-01: the re-created commit's id depends on the tree alone
@@ -239,7 +360,13 @@ def _unpack(snapshot: Path, staging: Path) -> tp.Tuple[tp.Dict[str, tp.Optional[
             try:
                 tar.extract(member, staging, filter="data")
             except tarfile.FilterError as exc:
-                notes.append(f"{parts[0]}: {'/'.join(parts[2:]) or member.name}: not restored ({exc})")
+                notes.append(f"{parts[0]}: {shown_name('/'.join(parts[2:]) or member.name)}: not restored ({exc})")
+            except OSError as exc:
+                if exc.errno != errno.ENAMETOOLONG:
+                    raise
+                notes.append(
+                    f"{parts[0]}: {shorten(shown_name('/'.join(parts[2:])), 120)}: not restored (name too long)"
+                )
     return commits, notes
 
 
@@ -347,10 +474,10 @@ def restore_snapshot(
 
 
 def _restore_files(name: str, repo: tp.Mapping[str, tp.Any], src: Path, tree: Path) -> tp.Dict[str, tp.Any]:
-    root = str(repo.get("root") or "")
+    root = name_of(repo, "root") if repo.get("root") else ""
     base = os.path.basename(root.rstrip("/")) or "package"
     listed = [f for f in repo.get("files") or [] if isinstance(f, dict)]
-    single = root.endswith(".py") and [f.get("path") for f in listed] == [base]
+    single = root.endswith(".py") and [name_of(f) for f in listed] == [base]
     tree.mkdir(parents=True, exist_ok=True)
     files = tree if single else tree / base
     if (src / "files").is_dir():
@@ -364,16 +491,25 @@ def _restore_files(name: str, repo: tp.Mapping[str, tp.Any], src: Path, tree: Pa
     notes: tp.List[str] = []
     for f in listed:  # symbolic links are recorded (their target), not stored
         if "symlink" in f:
-            why = _place(files, str(f.get("path")), link=str(f["symlink"]))
+            why = _place(files, name_of(f), link=name_of(f, "symlink"))
             if why:
                 problems.append(f"{name}: {why}")
+        elif f.get("withheld"):
+            notes.append(f"{name}: {shown_name(str(f.get('path')))}: {_WITHHELD} ({f['withheld']}): not restored")
         elif not f.get("sha256"):
-            notes.append(f"{name}: {f.get('path')}: not stored ({f.get('not_hashed') or f.get('error') or 'no hash'})")
+            notes.append(
+                f"{name}: {shown_name(str(f.get('path')))}: not stored "
+                f"({f.get('not_hashed') or f.get('error') or 'no hash'})"
+            )
     again = capture_files(tree / base if single else files)
-    if again["sha256"] != repo.get("sha256"):
+    want = repo.get("sha256")
+    if any(f.get("withheld") for f in listed) and len(listed) == repo.get("file_count"):
+        # the package without the withheld files: the recorded walk's digest, recomputed from its record
+        want = files_digest((name_of(f), f.get("sha256") or f.get("size")) for f in listed if not f.get("withheld"))
+    if again["sha256"] != want:
         problems.append(
             f"{name}: the rebuilt package files hash to {again['sha256'][:16]}..., the record says "
-            f"{str(repo.get('sha256'))[:16]}... ({again['file_count']} files rebuilt, {len(listed)} recorded)"
+            f"{str(want)[:16]}... ({again['file_count']} files rebuilt, {len(listed)} recorded)"
         )
     return {
         "kind": "files",
@@ -417,51 +553,65 @@ def _restore_git(
         if rebuilt is None:
             notes.append(f"{name}: not made a git repository ({why}); the files are rebuilt all the same")
     checked = 0
+    for w in own.get("withheld_from_tree") or []:
+        if isinstance(w, dict):
+            notes.append(
+                f"{name}: {shown_name(str(w.get('path')))}: committed, {_WITHHELD} ({w.get('withheld')}): not restored"
+            )
     for m in repo.get("modified") or []:
-        rel = str(m.get("path"))
+        rel = name_of(m)
         if _snapshot_rel(rel) is None:
-            problems.append(f"{name}: {shorten(rel, 120)!r}: a path outside the tree; not restored")
+            problems.append(f"{name}: {shorten(shown_name(rel), 120)!r}: a path outside the tree; not restored")
+            continue
+        if m.get("withheld") and m.get("status") != "D":
+            notes.append(
+                f"{name}: {shown_name(rel)}: changed, {_WITHHELD} ({m['withheld']}): not restored "
+                "(the committed version, unless withheld too, is in the tree)"
+            )
             continue
         if m.get("status") == "D":
             target = tree.joinpath(*(_snapshot_rel(rel) or ()))
             if _inside(tree, target.parent) and os.path.lexists(target):
                 shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
             if os.path.lexists(target):
-                problems.append(f"{name}: {rel}: deleted in the run's tree, still here")
+                problems.append(f"{name}: {shown_name(rel)}: deleted in the run's tree, still here")
             checked += 1
             continue
         stored = src / "worktree" / rel
         if "symlink" in m:
-            why = _place(tree, rel, link=str(m["symlink"]))
+            why = _place(tree, rel, link=name_of(m, "symlink"))
         elif stored.is_file() and not stored.is_symlink():
             why = _place(tree, rel, source=stored, executable=m.get("executable"))
         elif "error" in m or not m.get("sha256"):
             notes.append(
-                f"{name}: {rel}: changed, never stored ({m.get('error') or m.get('not_hashed')}); "
+                f"{name}: {shown_name(rel)}: changed, never stored ({m.get('error') or m.get('not_hashed')}); "
                 "the committed version is in the tree"
             )
             continue
         else:
-            why = f"{rel}: changed ({m.get('status')}), but the snapshot does not hold it"
+            why = f"{shown_name(rel)}: changed ({m.get('status')}), but the snapshot does not hold it"
         if why:
             problems.append(f"{name}: {why}")
             continue
         checked += _check_hash(name, tree, rel, m, problems, notes)
     for u in repo.get("untracked") or []:
-        rel = str(u.get("path"))
+        rel = name_of(u)
         if _snapshot_rel(rel) is None:
-            problems.append(f"{name}: {shorten(rel, 120)!r}: a path outside the tree; not restored")
+            problems.append(f"{name}: {shorten(shown_name(rel), 120)!r}: a path outside the tree; not restored")
             continue
         stored = src / "untracked" / rel
         if "symlink" in u:
-            why = _place(tree, rel, link=str(u["symlink"]))
+            why = _place(tree, rel, link=name_of(u, "symlink"))
+        elif u.get("withheld"):
+            notes.append(f"{name}: untracked {shown_name(rel)}: {_WITHHELD} ({u['withheld']}): not restored")
+            continue
         elif u.get("stored") and stored.is_file() and not stored.is_symlink():
             why = _place(tree, rel, source=stored, executable=u.get("executable"))
         elif u.get("stored"):
-            why = f"{rel}: untracked and recorded as stored, but the snapshot does not hold it"
+            why = f"{shown_name(rel)}: untracked and recorded as stored, but the snapshot does not hold it"
         else:
             notes.append(
-                f"{name}: untracked {rel} ({u.get('size')} bytes) was over the snapshot's limit of "
+                f"{name}: untracked {shown_name(rel)} ({u.get('size')} bytes) was over the snapshot's limit of "
                 f"{repo.get('untracked_content_limit_bytes')} bytes: not restored"
             )
             continue
@@ -482,7 +632,8 @@ def _restore_git(
     }
     if rebuilt is not None:  # the rebuilt tree captured the way a submission captures code
         got = (capture_repository(tree, git=git).get("diff") or {}).get("sha256")
-        want = (repo.get("diff") or {}).get("sha256")
+        recorded_diff = repo.get("diff") or {}
+        want = recorded_diff.get("stored_sha256") or recorded_diff.get("sha256")  # the diff the snapshot holds
         result.update(diff_sha256=got, diff_matches=got == want)
         if got != want:
             notes.append(
@@ -498,9 +649,11 @@ def _check_hash(
 ) -> int:
     want = rec.get("sha256")
     if not want:
-        notes.append(f"{name}: {rel}: no sha256 recorded ({rec.get('not_hashed') or rec.get('error') or 'unknown'})")
+        notes.append(
+            f"{name}: {shown_name(rel)}: no sha256 recorded ({rec.get('not_hashed') or rec.get('error') or 'unknown'})"
+        )
         return 0
     got = _hash_file(tree / rel).get("sha256")
     if got != want:
-        problems.append(f"{name}: {rel}: sha256 {str(got)[:16]}... is not the recorded {want[:16]}...")
+        problems.append(f"{name}: {shown_name(rel)}: sha256 {str(got)[:16]}... is not the recorded {want[:16]}...")
     return 1

@@ -23,6 +23,7 @@ from hpctrain import __version__
 from hpctrain._atomic import atomic_write_json, atomic_write_text
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.launch.runner import Runner
+from hpctrain.launch.settings import RunnerSettings
 from hpctrain.rundir import RunDir
 from hpctrain.submit.config import SubmitConfig
 from hpctrain.submit.sbatch import slurm_parameters
@@ -117,18 +118,8 @@ def _terminal_interrupts_ignored(active: bool) -> tp.Iterator[None]:
 
 def _runner(cfg: SubmitConfig, run_dir: Path) -> Runner:
     assert cfg.entry is not None
-    return Runner(
-        entry=cfg.entry,
-        run_dir=str(run_dir),
-        entry_args=cfg.entry_args,
-        gpus_per_node=cfg.gpus_per_node,
-        dist_timeout_s=cfg.dist_timeout,
-        max_requeues=cfg.max_requeues,
-        signal_lead_s=cfg.signal_lead_s,
-        time_limit_s=cfg.time_min * 60,
-        code_path=cfg.code_path,
-        hang_timeout_s=cfg.hang_timeout,
-    )
+    settings = RunnerSettings.from_config(cfg)  # every setting by its name: nothing here lists them
+    return Runner(entry=cfg.entry, run_dir=str(run_dir), entry_args=cfg.entry_args, settings=settings)
 
 
 def check_clean(cfg: SubmitConfig) -> None:
@@ -161,6 +152,12 @@ def _capture_identity(cfg: SubmitConfig, run_dir: Path, argv: tp.Sequence[str]) 
     }
 
 
+def _recorded_argv(argv: tp.Sequence[str]) -> tp.List[str]:
+    from hpctrain.identity.redact import redact_argv
+
+    return redact_argv(argv)
+
+
 def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[str]) -> Submission:
     """Submit ``cfg`` to ``cluster`` ('slurm' or 'local'); writes the run records; returns the job."""
     import submitit
@@ -171,7 +168,7 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
     record: tp.Dict[str, tp.Any] = {
         "hpctrain_version": __version__,
         "config": cfg.to_dict(),
-        "argv": list(argv),
+        "argv": _recorded_argv(argv),  # a --token VALUE typed at submit is never recorded (docs/bundle.md)
         "cwd": os.getcwd(),
         "python": sys.executable,
         "cluster": cluster,

@@ -18,6 +18,7 @@ from hpctrain._slurm import format_time, parse_time
 from hpctrain._validate import check_bool, check_choice, check_int, check_str
 from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
 from hpctrain.errors import UsageError
+from hpctrain.launch.settings import default_signal_lead
 
 try:  # Python 3.11+
     import tomllib
@@ -54,6 +55,9 @@ def parse_mem(text: str) -> str:
 @dataclass(kw_only=True, frozen=True)
 class SubmitConfig:
     """One submission. Field names are the TOML keys (``[job]`` table, ``[train]`` for entry/args).
+
+    A field (or property) named as a :class:`~hpctrain.launch.settings.RunnerSettings` field reaches the Runner
+    under that name (:meth:`RunnerSettings.from_config <hpctrain.launch.settings.RunnerSettings.from_config>`).
 
     Frozen and checked on construction; an error names the option as its flag (``--nodes 0 must be at
     least 1``), since flags and TOML keys both end up here.
@@ -120,6 +124,10 @@ class SubmitConfig:
     require_clean: bool = False
     """Refuse to submit from a git tree with uncommitted or untracked files (``--require-clean``,
     ``[run] require_clean``): the error names the dirty files."""
+    secret_patterns: tp.Optional[tp.List[str]] = None
+    """More file name patterns whose files are never stored in the code snapshot, added to the built-in ones
+    (``[run] secret_patterns = ["*.secret", "mycreds/*"]``): their names and hashes are recorded, their content
+    is not (docs/bundle.md, "What is never stored")."""
     code_path: tp.Optional[str] = None
     """A directory the Runner puts first on ``sys.path`` on every task before it imports the entry, so that the
     entry runs from that tree ahead of anything installed (``[job] code_path``; ``python -m hpctrain reproduce``
@@ -193,6 +201,10 @@ class SubmitConfig:
                 "no other control characters)"
             )
         check_bool(self, "require_clean", self.require_clean)
+        if self.secret_patterns is not None:
+            from hpctrain.identity.redact import check_secret_patterns
+
+            object.__setattr__(self, "secret_patterns", list(check_secret_patterns(self.secret_patterns)))
 
     # Derived values -----------------------------------------------------------------------------
     @property
@@ -215,18 +227,23 @@ class SubmitConfig:
         return self.nodes * self.ntasks_per_node
 
     @property
+    def time_limit(self) -> int:
+        """Seconds Slurm gives the job: ``--time`` rounded up to the minute (``RunnerSettings.time_limit``)."""
+        return self.time_min * 60
+
+    @property
     def signal_lead_s(self) -> int:
         if self.signal_lead is not None:
             return self.signal_lead
-        limit = self.time_min * 60
-        return 120 if limit >= 480 else max(10, limit // 4)
+        return default_signal_lead(self.time_limit)  # the rule the Runner assumes too (hpctrain.launch.settings)
 
     def to_dict(self) -> tp.Dict[str, tp.Any]:
         return dataclasses.asdict(self)
 
 
-_RUN_KEYS = {"owner", "team", "notes", "require_clean"}
-_JOB_KEYS = {f.name for f in dataclasses.fields(SubmitConfig)} - {"entry", "entry_args"} - _RUN_KEYS
+# The keys of the TOML's [run] table (who and why, what is never stored); every other field is [job]'s.
+RUN_KEYS = frozenset({"owner", "team", "notes", "require_clean", "secret_patterns"})
+_JOB_KEYS = {f.name for f in dataclasses.fields(SubmitConfig)} - {"entry", "entry_args"} - RUN_KEYS
 _TRAIN_KEYS = {"entry": "entry", "args": "entry_args"}
 
 
@@ -246,6 +263,7 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
         team = "vision"
         notes = "baseline for the ablation"
         require_clean = true       # refuse to submit from a dirty git tree
+        secret_patterns = ["*.secret", "mycreds/*"]   # never stored in the code snapshot (names, hashes only)
     """
     path = Path(path)
     raw = read_regular_file(path, what="--config", limit=CONFIG_FILE_LIMIT)
@@ -281,10 +299,10 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
         if key in train:
             kwargs[name] = train[key]
     run = data.get("run", {})
-    bad = sorted(set(run) - _RUN_KEYS)
+    bad = sorted(set(run) - RUN_KEYS)
     if bad:
         raise UsageError(
-            f"{shorten(path)}: unknown key(s) {shorten(bad)} in [run]; valid keys: {', '.join(sorted(_RUN_KEYS))}"
+            f"{shorten(path)}: unknown key(s) {shorten(bad)} in [run]; valid keys: {', '.join(sorted(RUN_KEYS))}"
         )
     kwargs.update(run)
     if "entry_args" in kwargs and not _is_str_list(kwargs["entry_args"]):

@@ -172,3 +172,91 @@ def test_capture_submit_does_not_import_torch_or_numpy(repo, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def _retar(src: Path, dst: Path, change=None) -> None:
+    """Rewrite a snapshot tar.gz member by member (new times; ``change(name, data)`` may edit a file)."""
+    import io
+    import tarfile
+
+    with tarfile.open(src, "r:gz") as a, tarfile.open(dst, "w:gz") as b:
+        for m in a.getmembers():
+            data = a.extractfile(m).read() if m.isreg() else None
+            if data is not None and change is not None:
+                data = change(m.name, data)
+                m.size = len(data)
+            m.mtime += 1000
+            b.addfile(m, io.BytesIO(data) if data is not None else None)
+
+
+def test_the_identity_binds_the_code_snapshots_content(repo, tmp_path):
+    """Issue 28 group 3: an edit inside the snapshot (a committed file) is a different identity."""
+    run = tmp_path / "run"
+    m = capture_submit(fake_cfg(), [], run)
+    paths = RunDir(run)
+    snap = m["code"]["snapshot"]
+    assert m["identity_format"] == mf.IDENTITY_FORMAT == 2
+    digest = mf.snapshot_digest(paths.code_snapshot)
+    assert snap["content_sha256"] == digest["content_sha256"] and snap["sha256"] == digest["sha256"]
+    # the same content archived again (other times): the same content hash, other bytes
+    _retar(paths.code_snapshot, tmp_path / "again.tar.gz")
+    again = mf.snapshot_digest(tmp_path / "again.tar.gz")
+    assert again["content_sha256"] == digest["content_sha256"] and again["sha256"] != digest["sha256"]
+    # a committed file edited inside: another content hash, and another identity for the record that binds it
+    _retar(paths.code_snapshot, tmp_path / "edited.tar.gz", lambda n, d: d.replace(b"return 1", b"return 7"))
+    edited = mf.snapshot_digest(tmp_path / "edited.tar.gz")
+    assert edited["content_sha256"] != digest["content_sha256"]
+    rec = json.loads(paths.identity_submit.read_text())
+    rec["code"]["snapshot"].update(sha256=edited["sha256"], content_sha256=edited["content_sha256"])
+    assert identity_hash(rec) != m["identity"]
+    # every attempt binds the submitted snapshot (what reproduce rebuilds)
+    first = start(run, 0)
+    assert first["code"]["snapshot"] == snap and first["identity_format"] == 2
+
+
+def test_format_1_records_keep_their_identity_and_unknown_formats_are_refused(repo, tmp_path):
+    m = capture_submit(fake_cfg(), [], tmp_path / "run")
+    old = {k: v for k, v in m.items() if k != "identity_format"}
+    old["code"] = {k: v for k, v in m["code"].items() if k != "snapshot"}
+    legacy = mf._sha({"schema": mf.SCHEMA, "sections": mf.section_digests(old, 1)})
+    assert identity_hash(old) == legacy  # a record written before format 2 recomputes to what it recorded
+    old["code"]["snapshot"] = {"sha256": "0" * 64, "content_sha256": "1" * 64}
+    assert identity_hash(old) == legacy  # format 1 never bound the snapshot
+    assert identity_hash(dict(old, identity_format=2)) != legacy  # a downgrade or upgrade is another identity
+    for bad in (3, 0, "2", True, None):
+        with pytest.raises(ValueError, match="identity format"):
+            identity_hash(dict(old, identity_format=bad))
+
+
+def test_an_upgrade_between_attempts_is_not_a_code_change(repo, tmp_path):
+    run = tmp_path / "run"
+    capture_submit(fake_cfg(), [], run)
+    first = start(run, 0)
+    path = RunDir(run).identity_attempt("77", 0)
+    rec = json.loads(path.read_text())
+    rec.pop("identity_format")  # as an hpctrain before format 2 wrote it
+    rec["identity"] = identity_hash(rec)
+    path.write_text(json.dumps(rec))
+    second = start(run, 1)
+    assert second["identity"] != rec["identity"] == identity_hash(rec) and first["identity"] == second["identity"]
+    assert second["previous"]["changed"] == []
+
+
+def test_snapshot_digest_refuses_what_is_not_a_snapshot(tmp_path):
+    (tmp_path / "x.tar.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(mf.SnapshotUnreadable, match="not a readable code snapshot"):
+        mf.snapshot_digest(tmp_path / "x.tar.gz")
+    import gzip
+
+    (tmp_path / "big.tar.gz").write_bytes(gzip.compress(b"\0" * 4096))  # an empty tar: no members
+    assert mf.snapshot_digest(tmp_path / "big.tar.gz")["members"] == 0
+    _retar_src = tmp_path / "one.tar.gz"
+    import io
+    import tarfile
+
+    with tarfile.open(_retar_src, "w:gz") as tf:
+        info = tarfile.TarInfo("entry/tree/zeros.bin")
+        info.size = 1 << 20
+        tf.addfile(info, io.BytesIO(bytes(info.size)))
+    with pytest.raises(mf.SnapshotUnreadable, match="unpacks to more than 4096 bytes"):
+        mf.snapshot_digest(_retar_src, limit=4096)  # a bound on what it reads, decided at the member's header

@@ -111,17 +111,19 @@ def test_one_default_for_requeues_and_the_dist_timeout(tmp_path, monkeypatch):
     from hpctrain.ckpt import CheckpointConfig
     from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
     from hpctrain.launch import runner
+    from hpctrain.launch.settings import RunnerSettings
 
     cfg = SubmitConfig()
     assert (cfg.max_requeues, cfg.dist_timeout) == (DEFAULT_MAX_REQUEUES, DEFAULT_DIST_TIMEOUT_S)
-    params = inspect.signature(runner.Runner).parameters
+    params = inspect.signature(RunnerSettings).parameters
     assert params["max_requeues"].default == DEFAULT_MAX_REQUEUES
-    assert params["dist_timeout_s"].default == DEFAULT_DIST_TIMEOUT_S
+    assert params["dist_timeout"].default == DEFAULT_DIST_TIMEOUT_S
     assert CheckpointConfig().agreement_timeout_s == DEFAULT_DIST_TIMEOUT_S
     seen = []
     monkeypatch.setattr(runner.Runner, "__call__", lambda self: seen.append(self))
     assert runner.main(["--entry", "pkg.mod:fn", "--run-dir", str(tmp_path)]) == 0
-    assert (seen[0].max_requeues, seen[0].dist_timeout_s) == (DEFAULT_MAX_REQUEUES, DEFAULT_DIST_TIMEOUT_S)
+    got = seen[0].settings
+    assert (got.max_requeues, got.dist_timeout) == (DEFAULT_MAX_REQUEUES, DEFAULT_DIST_TIMEOUT_S)
 
 
 def test_runtime_defaults_come_from_the_same_place():
@@ -188,7 +190,7 @@ def test_run_table_and_ownership_flags(tmp_path):
         ("[run]\nrequire_clean = 'yes'\n", "--require-clean 'yes' must be True or False"),
         (
             "[run]\nowners = 'x'\n",
-            r"unknown key\(s\) \['owners'\] in \[run\]; valid keys: notes, owner, require_clean, team",
+            r"unknown key\(s\) \['owners'\] in \[run\]; valid keys: notes, owner, require_clean, secret_patterns, team",
         ),
         ("[job]\nowner = 'x'\n", r"unknown key\(s\) \['owner'\] in \[job\]"),
         ('[run]\nteam = "a\\nb"\n', "--team 'a\\\\nb' must be one non-empty line"),
