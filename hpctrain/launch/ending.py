@@ -4,7 +4,7 @@ Every rank writes :meth:`RunDir.rank_end <hpctrain.rundir.RunDir.rank_end>` (its
 stopped, user error or peer failure). One rank then decides for the job (one ``scontrol requeue`` per
 attempt, never one per rank): rank 0, or, when rank 0 died (a SIGKILL, its node), the lowest surviving rank,
 which finds no end record of any lower rank within ``takeover_wait_s``. The decision is claimed by creating
-:meth:`RunDir.attempt_exit` exclusively, so a slow rank 0 and a survivor never both requeue:
+:meth:`RunDir.attempt_exit <hpctrain.rundir.RunDir.attempt_exit>` exclusively, so a slow rank 0 and a survivor never both requeue:
 
 1. cause: :func:`hpctrain.runtime.preemption.classify_end` (the agreed signal, its own exception, the
    other ranks' end files, Slurm's view of the job);
@@ -15,13 +15,13 @@ which finds no end record of any lower rank within ``takeover_wait_s``. The deci
 4. ``scontrol requeue`` through :class:`~hpctrain._slurm.SlurmCommands`, one line on stderr, and an
    ``exit`` record in the run's :class:`~hpctrain.ledger.Ledger` (``python -m hpctrain status`` shows it).
 
-Stdlib only, and below ``train/`` and ``status/`` in the house: it asks :class:`~hpctrain.rundir.RunDir`
-for paths and :func:`hpctrain.ckpt.latest_committed` for the newest commit.
+Stdlib only, and below ``train/`` and ``status/`` in the house. The end records, the claim and the progress
+it shares with :mod:`~hpctrain.launch.exclusion` and :mod:`~hpctrain.launch.spares` are in
+:mod:`hpctrain.launch.records`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -31,11 +31,11 @@ from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
 from hpctrain.launch.exclusion import CHECKED_CAUSES, Failure, attribute_end, exclude_after
+from hpctrain.launch.records import claim_decision, committed_progress, end_causes, rank_end_path
 from hpctrain.ledger import Ledger
-from hpctrain.rundir import RunDir, read_json
 from hpctrain.runtime.preemption import HangDetected, StopCause, classify_end, is_peer_failure, requeue_decision
 
-__all__ = ["AttemptEnd", "finish_attempt", "rank_end_path", "committed_progress", "requeue_job_id"]
+__all__ = ["AttemptEnd", "finish_attempt", "requeue_job_id", "resume_command"]
 
 
 @dataclass
@@ -44,10 +44,6 @@ class AttemptEnd:
     requeued: bool
     reason: str
     record: tp.Dict[str, tp.Any]
-
-
-def rank_end_path(run_dir: Path, job_id: str, restart_count: int, rank: int) -> Path:
-    return RunDir(run_dir).rank_end(job_id, restart_count, rank)
 
 
 def resume_command(run_dir: Path) -> str:
@@ -62,59 +58,6 @@ def requeue_job_id(job_id: str, environ: tp.Mapping[str, str] = os.environ) -> s
     own id would requeue every task of the array), else the job id."""
     array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
     return f"{array}_{task}" if array and task else job_id
-
-
-def committed_progress(run_dir: Path, job_id: str, restart_count: int) -> tp.Tuple[tp.Optional[int], tp.Optional[int]]:
-    """``(step this attempt resumed from, newest committed step now)``; None where unknown (an entry that
-    does not use the Trainer writes no ledger start record)."""
-    from hpctrain.ckpt import latest_committed
-
-    start = Ledger(run_dir).attempt_start(job_id, restart_count)
-    if start is None:
-        return None, None
-    ckpt_dir = start.get("checkpoint_dir")
-    newest = latest_committed(ckpt_dir) if isinstance(ckpt_dir, str) and ckpt_dir else None
-    return start.get("resumed_from_step"), newest.step if newest is not None else None
-
-
-def _end_causes(
-    run_dir: Path, job_id: str, restart_count: int, ranks: tp.Iterable[int], wait_s: float, *, any_one: bool = False
-) -> tp.Dict[int, str]:
-    """The recorded causes of ``ranks``, waiting up to ``wait_s`` for those still unwinding (a dead rank
-    never writes one); with ``any_one``, returns as soon as one of them has written its record."""
-    wanted = list(ranks)
-    deadline = time.monotonic() + wait_s
-    causes: tp.Dict[int, str] = {}
-    paths = RunDir(run_dir)
-    while True:
-        for rank in wanted:
-            if rank in causes:
-                continue
-            record = read_json(paths.rank_end(job_id, restart_count, rank), [])
-            if record is not None and isinstance(record.get("cause"), str):
-                causes[rank] = record["cause"]
-        if len(causes) == len(wanted) or (any_one and causes) or time.monotonic() >= deadline:
-            return causes
-        time.sleep(0.1)
-
-
-def _claim_decision(run_dir: Path, job_id: str, restart_count: int, rank: int) -> bool:
-    """Create the attempt's exit marker exclusively: True for the one rank that may decide and requeue."""
-    path = RunDir(run_dir).attempt_exit(job_id, restart_count)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    except FileExistsError:
-        # Another rank decided this attempt already. Rank 0 yields only to a survivor's claim (a rank 0
-        # deciding the same attempt twice is a rerun of the decision, as the unit tests do).
-        claim = read_json(path, [])
-        return rank == 0 and (claim or {}).get("rank") == 0
-    except OSError:
-        return rank == 0  # an unwritable run dir: rank 0 decides as before, a survivor stays quiet
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({"rank": rank, "time": time.time()}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return True
 
 
 def finish_attempt(
@@ -161,9 +104,9 @@ def finish_attempt(
         # A survivor of a failure decides only when no lower rank wrote its end record in time: they died.
         if local not in (StopCause.NODE_FAILURE, StopCause.HANG):
             return None
-        if _end_causes(run_dir, job_id, restart_count, range(rank), takeover_wait_s, any_one=True):
+        if end_causes(run_dir, job_id, restart_count, range(rank), takeover_wait_s, any_one=True):
             return None
-    if not _claim_decision(run_dir, job_id, restart_count, rank):
+    if not claim_decision(run_dir, job_id, restart_count, rank):
         return None
 
     on_slurm = launcher == "slurm" and bool(job_id)
@@ -176,7 +119,7 @@ def finish_attempt(
         slurm_state, squeue_limit = slurm.running_job(job_id)
         limit = limit if limit is not None else squeue_limit
     others = [r for r in range(world_size) if r != rank]
-    peers = list(_end_causes(run_dir, job_id, restart_count, others, peer_wait_s).values()) if error is not None else []
+    peers = list(end_causes(run_dir, job_id, restart_count, others, peer_wait_s).values()) if error is not None else []
     signum, signal_time = stop if stop is not None else (None, None)
     cause = classify_end(
         signum=signum,

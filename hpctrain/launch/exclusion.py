@@ -28,9 +28,11 @@ import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.launch.records import claim_decision
 from hpctrain.rundir import RunDir, read_json
 
 __all__ = [
+    "SPARES_LEFT_ENV",
     "Exclusion",
     "is_failed_state",
     "failed_hosts",
@@ -41,6 +43,11 @@ __all__ = [
     "exclude_hosts",
     "suspects",
 ]
+
+SPARES_LEFT_ENV = "HPCTRAIN_SPARES_LEFT"
+"""Set by the spare-node loop (:mod:`hpctrain.launch.spares`) on every step it starts: how many more in-job
+restarts it can make. The deciding rank does not requeue a node failure or hang while it is above zero
+(:class:`Failure`, :func:`attribute_end`)."""
 
 # sinfo %T base states of a node that cannot run the job; a trailing '*' means "not responding".
 _FAILED = ("down", "drain", "fail", "not_responding", "no_respond", "future", "reboot")
@@ -266,8 +273,6 @@ def attribute_end(
 ) -> Failure:
     """Did a node fail under this attempt? Failed Slurm node states among the attempt's hosts; and, when Slurm
     requeued the job by itself (which a scancel never does), the hosts whose ranks all died silently."""
-    from hpctrain.launch.spares import SPARES_LEFT_ENV
-
     failure = Failure(cause=cause, spares_left=int(environ.get(SPARES_LEFT_ENV) or 0))
     info = slurm.job_info(job_id)
     restarts = info.get("Restarts", "")
@@ -306,7 +311,6 @@ def record_unseen_end(
     the job by itself), record its end now from Slurm's view: ``node_failure`` when ``sacct -D`` shows that run
     as NODE_FAIL or one of its hosts is still down, else ``killed``. Too late to exclude anything from this
     attempt (the job runs); the failed hosts are recorded. Returns the record written, or None."""
-    from hpctrain.launch.ending import _claim_decision
     from hpctrain.ledger import Ledger
 
     paths = RunDir(run_dir)
@@ -317,7 +321,7 @@ def record_unseen_end(
     ledger = Ledger(run_dir)
     if any(str(r.get("job_id")) == str(job_id) and r.get("restart_count") == prev for r in ledger.records("exit")):
         return None
-    if not _claim_decision(run_dir, job_id, prev, -1):
+    if not claim_decision(run_dir, job_id, prev, -1):
         return None  # a slow deciding rank of that attempt is writing it after all
     hosts = sorted(set(attempt_hosts(run_dir, job_id, prev, world_size).values()))
     runs = slurm.past_runs(job_id)  # oldest first; the last one is this attempt's own

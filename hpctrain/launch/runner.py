@@ -25,8 +25,8 @@ from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
 from hpctrain._entry import split_entry
-from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
 from hpctrain.errors import UsageError
+from hpctrain.launch.settings import RunnerSettings, add_arguments
 from hpctrain.rundir import RunDir
 
 __all__ = ["Runner", "load_entry"]
@@ -69,11 +69,25 @@ def _local_address(master_addr: str, port: int) -> str:
         return ""
 
 
-class Runner:
-    """The job body: ``Runner(entry=..., run_dir=...)()`` on every task.
+# A Runner pickled by an older hpctrain (a job requeued across an upgrade) holds its settings as attributes under
+# these names; :meth:`Runner.__setstate__` turns them into its RunnerSettings. The one place that knows them.
+_OLD_ATTRIBUTES = {
+    "gpus_per_node": "gpus_per_node",
+    "dist_timeout_s": "dist_timeout",
+    "max_requeues": "max_requeues",
+    "signal_lead_s": "signal_lead",
+    "time_limit_s": "time_limit",
+    "code_path": "code_path",
+    "hang_timeout_s": "hang_timeout",
+}
 
-    Parameters are plain strings and numbers so that the pickle submitit writes stays small and
-    loads on the nodes without hpctrain's torch-side modules.
+
+class Runner:
+    """The job body: ``Runner(entry=..., run_dir=..., settings=RunnerSettings(...))()`` on every task.
+
+    What it runs (entry, its arguments, the run directory) and its :class:`RunnerSettings`: plain strings and
+    numbers, so that the pickle submitit writes stays small and loads on the nodes without hpctrain's torch-side
+    modules.
     """
 
     def __init__(
@@ -82,34 +96,27 @@ class Runner:
         entry: str,
         run_dir: str,
         entry_args: tp.Sequence[str] = (),
-        gpus_per_node: int = 0,
-        dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S,
-        max_requeues: int = DEFAULT_MAX_REQUEUES,
-        signal_lead_s: float = 0.0,
-        time_limit_s: tp.Optional[float] = None,
-        code_path: tp.Optional[str] = None,
-        hang_timeout_s: tp.Optional[float] = None,
+        settings: tp.Optional[RunnerSettings] = None,
     ) -> None:
-        """``code_path``: a directory put first on ``sys.path`` before anything of the entry is looked up (its
-        module, the identity capture), so that the entry runs from that tree ahead of anything installed."""
         split_entry(entry)
-        self.code_path = None if code_path is None else str(code_path)
         self.entry = entry
         self.run_dir = str(run_dir)
         self.entry_args = tuple(entry_args)
-        self.gpus_per_node = int(gpus_per_node)
-        self.dist_timeout_s = float(dist_timeout_s)
-        self.max_requeues = int(max_requeues)
-        self.signal_lead_s = float(signal_lead_s)
-        self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
-        self.hang_timeout_s = None if hang_timeout_s is None else float(hang_timeout_s)
+        self.settings = settings if settings is not None else RunnerSettings()
+
+    def __setstate__(self, state: tp.Dict[str, tp.Any]) -> None:
+        if "settings" not in state:  # pickled by an older hpctrain: its settings were attributes
+            state = dict(state)
+            old = {new: state.pop(name) for name, new in _OLD_ATTRIBUTES.items() if name in state}
+            state["settings"] = RunnerSettings(**old)
+        self.__dict__.update(state)
 
     def __repr__(self) -> str:
-        return f"Runner(entry={self.entry!r}, run_dir={self.run_dir!r})"
+        return f"Runner(entry={self.entry!r}, run_dir={self.run_dir!r}, settings={self.settings!r})"
 
     def __call__(self) -> tp.Any:
         started = time.time()  # before torch is imported: the records show what start-up costs
-        code_path = getattr(self, "code_path", None)  # absent from a Runner pickled by an older hpctrain
+        code_path = self.settings.code_path
         if code_path and sys.path[:1] != [code_path]:
             sys.path.insert(0, code_path)
         from hpctrain.runtime.preemption import StopSignals
@@ -129,8 +136,8 @@ class Runner:
         watch = self._start_watchdog(env, started)  # before the rendezvous: start-up is watched too
         try:
             threads = process_group.set_cpu_threads(env)
-            device = process_group.select_device(env, self.gpus_per_node)
-            backend = process_group.init_process_group(env, device, timeout_s=self.dist_timeout_s)
+            device = process_group.select_device(env, self.settings.gpus_per_node)
+            backend = process_group.init_process_group(env, device, timeout_s=self.settings.dist_timeout)
         except BaseException:
             watch.stop()  # the error ends this process's attempt; a watchdog left running would end the caller
             raise
@@ -140,7 +147,7 @@ class Runner:
         error: tp.Optional[BaseException] = None
         try:
             process_group.check_distinct_gpus(env, device)
-            agreement = StopAgreement(signals, timeout_s=self.dist_timeout_s)
+            agreement = StopAgreement(signals, timeout_s=self.settings.dist_timeout)
             ctx = RunContext(
                 **{f.name: getattr(env, f.name) for f in dataclasses.fields(env)},
                 run_dir=Path(self.run_dir),
@@ -148,7 +155,7 @@ class Runner:
                 backend=backend,
                 hostname=socket.gethostname(),
                 args=self.entry_args,
-                signal_lead_s=self.signal_lead_s,
+                signal_lead_s=self.settings.signal_lead_s,
                 stop=agreement,
             )
             self._record_rank(ctx, started, joined)
@@ -233,9 +240,9 @@ class Runner:
             agreed_step=agreed_step,
             error=error,
             started=started,
-            time_limit_s=self.time_limit_s,
-            lead_s=self.signal_lead_s,
-            max_requeues=self.max_requeues,
+            time_limit_s=self.settings.time_limit,
+            lead_s=self.settings.signal_lead_s,
+            max_requeues=self.settings.max_requeues,
         )
 
     def _start_watchdog(self, env: tp.Any, started: float) -> tp.Any:
@@ -254,7 +261,7 @@ class Runner:
             rank=env.rank,
             world_size=env.world_size,
             host=socket.gethostname(),
-            timeout_s=getattr(self, "hang_timeout_s", None),  # absent from a Runner pickled by an older hpctrain
+            hang_timeout=self.settings.hang_timeout,
             on_hang=on_hang,
         )
         watchdog.install(watch)
@@ -273,7 +280,7 @@ class Runner:
                 entry=self.entry,
                 entry_args=self.entry_args,
                 world_size=ctx.world_size,
-                gpus_per_node=self.gpus_per_node,
+                gpus_per_node=self.settings.gpus_per_node,
                 hostnames=ctx.hostnames,
                 launcher=ctx.launcher,
                 backend=ctx.backend,
@@ -339,8 +346,9 @@ class Runner:
         )
 
 
-def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    """``srun python -m hpctrain.launch --entry mod:fn --run-dir DIR [--gpus-per-node N] -- ARGS``."""
+def build_parser() -> tp.Any:
+    """``python -m hpctrain.launch``'s command line: what to run, and one flag per :class:`RunnerSettings` field
+    (:func:`hpctrain.launch.settings.add_arguments`)."""
     from hpctrain._cli import ArgumentParser
 
     # The one CLI convention (hpctrain._cli): a bad flag is a one-line UsageError, exit 2.
@@ -349,32 +357,14 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     )
     parser.add_argument("--entry", required=True, help="module:function taking a RunContext")
     parser.add_argument("--run-dir", required=True, help="run directory shared by all nodes")
-    parser.add_argument("--gpus-per-node", type=int, default=0)
-    parser.add_argument(
-        "--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT_S, help="seconds to wait for all ranks"
-    )
-    parser.add_argument(
-        "--signal-lead", type=float, default=0.0, help="seconds of the job's --signal=USR2@S (0: unknown)"
-    )
-    parser.add_argument(
-        "--max-requeues", type=int, default=DEFAULT_MAX_REQUEUES, help="requeues after time limit/preemption/failure"
-    )
-    parser.add_argument("--time-limit", type=float, help="seconds; default: the job's limit as squeue reports it")
-    parser.add_argument(
-        "--hang-timeout", type=float, help="seconds without progress that end a hung attempt; default: derived"
-    )
-    args, rest = parser.parse_known_args(argv)
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    """``srun python -m hpctrain.launch --entry mod:fn --run-dir DIR [--SETTING VALUE ...] -- ARGS``."""
+    args, rest = build_parser().parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    Runner(
-        entry=args.entry,
-        run_dir=args.run_dir,
-        entry_args=rest,
-        gpus_per_node=args.gpus_per_node,
-        dist_timeout_s=args.dist_timeout,
-        max_requeues=args.max_requeues,
-        signal_lead_s=args.signal_lead,
-        time_limit_s=args.time_limit,
-        hang_timeout_s=args.hang_timeout,
-    )()
+    Runner(entry=args.entry, run_dir=args.run_dir, entry_args=rest, settings=RunnerSettings.from_args(args))()
     return 0

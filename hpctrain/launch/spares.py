@@ -28,15 +28,13 @@ import time
 import typing as tp
 from pathlib import Path
 
+from hpctrain.launch.exclusion import SPARES_LEFT_ENV, exclude_hosts
+from hpctrain.launch.records import committed_progress
 from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir
 from hpctrain.runtime.env import ATTEMPT_ENV, expand_hostlist
 
-__all__ = ["SPARES_LEFT_ENV", "next_attempt", "step_argv", "SpareLoop", "main"]
-
-SPARES_LEFT_ENV = "HPCTRAIN_SPARES_LEFT"
-"""Set on every step the loop starts: how many more in-job restarts it can make. The deciding rank does not
-requeue a node failure or hang while it is above zero (:class:`hpctrain.launch.exclusion.Failure`)."""
+__all__ = ["next_attempt", "step_argv", "SpareLoop", "main"]
 
 
 def next_attempt(run_dir: Path, job_id: str, environ: tp.Mapping[str, str] = os.environ) -> int:
@@ -173,8 +171,6 @@ class SpareLoop:
         self, attempt: int, lost: tp.Sequence[str], failed_at: float, *, requeued: bool, reason: str, **extra: tp.Any
     ) -> None:
         """The exit record of an attempt whose ranks all died with the step: decided here, by the batch script."""
-        from hpctrain.launch.ending import committed_progress
-
         resumed, committed = committed_progress(self.run_dir, self.job_id, attempt)
         Ledger(self.run_dir).append(
             {
@@ -199,7 +195,6 @@ class SpareLoop:
         """No spare left: back to the queue without the failed hosts (within --max-requeues' bound is the ranks'
         policy; here the allocation is short of nodes, so the only way on is a new one)."""
         from hpctrain._slurm import SlurmCommandError
-        from hpctrain.launch.exclusion import exclude_hosts
 
         try:
             self.slurm.requeue(self.job_id)

@@ -77,14 +77,15 @@ PEER_WAIT_S = 10.0
 """After ending its attempt, a fired rank waits this long at most for the others to fire too (or end)."""
 
 
-def hang_timeout(phase: str, step_s: tp.Optional[float], override_s: tp.Optional[float] = None) -> tp.Optional[float]:
+def hang_timeout(phase: str, step_s: tp.Optional[float], hang_timeout: tp.Optional[float] = None) -> tp.Optional[float]:
     """Seconds without progress after which a rank in ``phase`` counts as hung; None: not watched.
 
-    ``override_s`` is ``--hang-timeout``; otherwise max(10 x ``step_s``, 5 min). Slow phases, and training
-    before a step time was measured (the first step: lazy CUDA init, compilation), get max(4 x that, 2 min)."""
+    ``hang_timeout`` is the setting of that name (``--hang-timeout``, ``RunnerSettings.hang_timeout``); otherwise
+    max(10 x ``step_s``, 5 min). Slow phases, and training before a step time was measured (the first step: lazy
+    CUDA init, compilation), get max(4 x that, 2 min)."""
     if phase == UNWATCHED:
         return None
-    base = float(override_s) if override_s else max(STEP_FACTOR * (step_s or 0.0), MIN_TIMEOUT_S)
+    base = float(hang_timeout) if hang_timeout else max(STEP_FACTOR * (step_s or 0.0), MIN_TIMEOUT_S)
     if phase in SLOW_PHASES or not step_s:
         return max(SLOW_FACTOR * base, SLOW_FLOOR_S)
     return base
@@ -122,7 +123,7 @@ class Watchdog:
         rank: int,
         world_size: int,
         host: str,
-        timeout_s: tp.Optional[float] = None,
+        hang_timeout: tp.Optional[float] = None,
         poll_s: tp.Optional[float] = None,
         on_hang: tp.Optional[tp.Callable[[BaseException], int]] = None,
         clock: tp.Callable[[], float] = time.monotonic,
@@ -130,10 +131,11 @@ class Watchdog:
         self.paths = RunDir(run_dir)
         self.job_id, self.restart_count = job_id, int(restart_count)
         self.rank, self.world_size, self.host = int(rank), int(world_size), host
-        self.timeout_s = float(timeout_s) if timeout_s else None
+        self.hang_timeout = float(hang_timeout) if hang_timeout else None
+        """The ``hang_timeout`` setting (``RunnerSettings.hang_timeout``); None: derived from the step time."""
         # a tenth of the shortest training timeout: detection is late by at most 10 %, the heartbeat costs
         # one small file write every few seconds
-        self.poll_s = poll_s if poll_s else min(5.0, (self.timeout_s or MIN_TIMEOUT_S) / 10.0)
+        self.poll_s = poll_s if poll_s else min(5.0, (self.hang_timeout or MIN_TIMEOUT_S) / 10.0)
         self.on_hang = on_hang
         self.clock = clock
         now = clock()
@@ -178,7 +180,7 @@ class Watchdog:
 
     # ------------------------------------------------------------------ the decision
     def timeout(self) -> tp.Optional[float]:
-        return hang_timeout(self._p[PHASE], self.step_s, self.timeout_s)
+        return hang_timeout(self._p[PHASE], self.step_s, self.hang_timeout)
 
     def check(self, now: tp.Optional[float] = None) -> tp.Optional[str]:
         """The reason this rank counts as hung (one line), or None."""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch.ending import finish_attempt, rank_end_path, requeue_job_id
+from hpctrain.launch.ending import finish_attempt, requeue_job_id
+from hpctrain.launch.records import rank_end_path
 from hpctrain.ledger import Ledger
 from hpctrain.testing import FakeSlurm
 

@@ -22,9 +22,9 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), TORCH_CPP_LOG_LEVEL="ERROR", COLUMN
 
 
 def _runner(rank, world_size, run_dir, entry):
-    from hpctrain.launch.runner import Runner
+    from hpctrain.launch import Runner, RunnerSettings
 
-    return Runner(entry=entry, run_dir=run_dir, dist_timeout_s=60)()
+    return Runner(entry=entry, run_dir=run_dir, settings=RunnerSettings(dist_timeout=60))()
 
 
 def test_sigkill_of_rank_0_ends_the_survivors_with_one_line_and_the_lowest_records_the_exit(tmp_path, capfd):

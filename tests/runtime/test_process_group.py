@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run_probe(rank, world_size, run_dir, port):
     os.environ.update(HPCTRAIN_MASTER_PORT=str(port))
-    from hpctrain.launch.runner import Runner
+    from hpctrain.launch import Runner, RunnerSettings
 
-    return Runner(entry="tests.entries:allreduce_probe", run_dir=run_dir, entry_args=["--x", "1"], dist_timeout_s=60)()
+    settings = RunnerSettings(dist_timeout=60)
+    return Runner(entry="tests.entries:allreduce_probe", run_dir=run_dir, entry_args=["--x", "1"], settings=settings)()
 
 
 def test_runner_allreduce_and_ddp_step_on_real_processes(tmp_path):
@@ -103,9 +104,9 @@ def test_inconsistent_environment_exits_before_rendezvous(tmp_path):
 
 def _run_failing(rank, world_size, run_dir, port):
     os.environ.update(HPCTRAIN_MASTER_PORT=str(port))
-    from hpctrain.launch.runner import Runner
+    from hpctrain.launch import Runner, RunnerSettings
 
-    return Runner(entry="tests.entries:fail_on_rank_1", run_dir=run_dir, dist_timeout_s=30)()
+    return Runner(entry="tests.entries:fail_on_rank_1", run_dir=run_dir, settings=RunnerSettings(dist_timeout=30))()
 
 
 def test_entry_error_on_one_rank_ends_every_rank_without_waiting_for_the_timeout(tmp_path):

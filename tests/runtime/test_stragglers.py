@@ -61,9 +61,9 @@ def test_a_straggler_is_recorded_once_after_consecutive_intervals(tmp_path):
 
 
 def _runner(rank, world_size, run_dir):
-    from hpctrain.launch.runner import Runner
+    from hpctrain.launch import Runner, RunnerSettings
 
-    return Runner(entry="tests.entries:straggler_fit", run_dir=run_dir, dist_timeout_s=120)()
+    return Runner(entry="tests.entries:straggler_fit", run_dir=run_dir, settings=RunnerSettings(dist_timeout=120))()
 
 
 def test_a_rank_with_a_slow_data_read_is_named_a_straggler_in_data_wait(tmp_path, capfd, monkeypatch):

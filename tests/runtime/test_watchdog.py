@@ -37,14 +37,14 @@ def test_the_timeout_is_ten_steps_or_five_minutes_and_longer_in_slow_phases():
     assert wd.hang_timeout("train", None) == 1200.0  # no step measured yet: the first step is slow
     for phase in ("startup", "restore", "save", "eval"):
         assert wd.hang_timeout(phase, 0.5) == 1200.0
-    assert wd.hang_timeout("train", 0.5, override_s=20) == 20.0
-    assert wd.hang_timeout("save", 0.5, override_s=20) == 120.0  # an explicit short timeout keeps a floor
+    assert wd.hang_timeout("train", 0.5, hang_timeout=20) == 20.0
+    assert wd.hang_timeout("save", 0.5, hang_timeout=20) == 120.0  # an explicit short timeout keeps a floor
     assert wd.hang_timeout("entry", 0.5) is None  # an entry that never reports progress is not watched
 
 
 def test_a_rank_is_hung_after_the_timeout_without_progress_and_not_before(tmp_path):
     clock = Clock()
-    w = _watchdog(tmp_path, clock, timeout_s=10)
+    w = _watchdog(tmp_path, clock, hang_timeout=10)
     w.set_phase("entry")
     clock.t += 10_000
     assert w.check() is None  # not watched until the entry reports progress
@@ -141,9 +141,10 @@ def test_a_hang_is_its_own_cause_and_is_requeued_only_after_progress():
 
 
 def _runner(rank, world_size, run_dir, entry, hang_timeout):
-    from hpctrain.launch.runner import Runner
+    from hpctrain.launch import Runner, RunnerSettings
 
-    return Runner(entry=entry, run_dir=run_dir, dist_timeout_s=120, hang_timeout_s=hang_timeout)()
+    settings = RunnerSettings(dist_timeout=120, hang_timeout=hang_timeout)
+    return Runner(entry=entry, run_dir=run_dir, settings=settings)()
 
 
 def test_a_hung_rank_ends_every_rank_with_stacks_and_is_named(tmp_path, capfd, monkeypatch):
@@ -186,14 +187,14 @@ def test_hang_options_are_validated_and_reach_the_runner(tmp_path):
     with pytest.raises(UsageError, match="--exclude-stragglers"):
         SubmitConfig(entry="m:f", exclude_stragglers="yes")
     cfg = SubmitConfig(entry="m:f", hang_timeout=90, exclude_stragglers=True)
-    assert _runner(cfg, tmp_path).hang_timeout_s == 90.0
+    assert _runner(cfg, tmp_path).settings.hang_timeout == 90.0
 
 
 GIL_HOLDER = """
 import re, sys, time
 from hpctrain.runtime import watchdog as wd
 wd.END_BOUND_S = 1.0
-w = wd.Watchdog(run_dir=sys.argv[1], job_id="1", restart_count=0, rank=0, world_size=1, host="h", timeout_s=1,
+w = wd.Watchdog(run_dir=sys.argv[1], job_id="1", restart_count=0, rank=0, world_size=1, host="h", hang_timeout=1,
                 poll_s=0.1).start()
 for step in range(1, 4):
     w.beat(step)
