@@ -12,12 +12,22 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 import typing as tp
 
 from hpctrain._files import shorten
 from hpctrain.errors import HpctrainError, UsageError
 
-__all__ = ["SlurmCommands", "SlurmCommandError", "TERMINAL_STATES", "JobState", "parse_time", "format_time"]
+__all__ = [
+    "SlurmCommands",
+    "SlurmCommandError",
+    "TERMINAL_STATES",
+    "JobState",
+    "SlurmRun",
+    "RUN_FIELDS",
+    "parse_time",
+    "format_time",
+]
 
 # sacct/squeue states after which the job will not run again by itself.
 TERMINAL_STATES = frozenset(
@@ -57,6 +67,39 @@ class JobState(tp.NamedTuple):
         return self.source == "sacct" and self.state in TERMINAL_STATES
 
 
+class SlurmRun(tp.NamedTuple):
+    """One run of a job as Slurm's accounting recorded it (one row of ``sacct -D -X``). A job requeued N times
+    has N + 1 runs, oldest first; each ended run's state says why it ended: ``NODE_FAIL`` (a node failed),
+    ``PREEMPTED``, ``TIMEOUT``, ``CANCELLED`` (scancel), ``REQUEUED`` (``scontrol requeue``), ``FAILED``,
+    ``COMPLETED``, ...; the newest is ``PENDING`` or ``RUNNING`` while the job is in the queue."""
+
+    job_id: str
+    """sacct's JobIDRaw."""
+    state: str
+    """The first word of sacct's State (``CANCELLED by 0`` -> ``CANCELLED``)."""
+    start: tp.Optional[float]
+    """Unix time the run started (None: it has not, ``Unknown``)."""
+    end: tp.Optional[float]
+    """Unix time it ended (None: still running, or never started)."""
+    elapsed: str
+    nodes: str
+    """Its node list (``None assigned`` while pending)."""
+    exit_code: str
+    """``EXIT:SIGNAL`` of the batch script, as sacct prints it."""
+
+
+RUN_FIELDS = ("JobIDRaw", "JobID", "State", "Start", "End", "Elapsed", "NodeList", "ExitCode")
+"""The sacct columns :meth:`SlurmCommands.job_runs` asks for, in this order."""
+
+
+def _sacct_time(text: str) -> tp.Optional[float]:
+    """sacct's ``2026-12-03T08:09:26`` (local time, whole seconds) -> Unix time; ``Unknown``/``None`` -> None."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
 class SlurmCommands:
     """Run Slurm client commands; override :meth:`run` (or pass a fake) in tests."""
 
@@ -90,8 +133,10 @@ class SlurmCommands:
                 names.append(name)
         return names, default
 
-    def job_state(self, job_id: str) -> JobState:
-        """Where the job is: squeue while queued or running, else sacct's final state."""
+    def job_state(self, job_id: str, runs: tp.Optional[tp.Sequence[SlurmRun]] = None) -> JobState:
+        """Where the job is: squeue while queued or running, else sacct's final state. ``runs``: the job's
+        :meth:`job_runs`, when the caller asked for them already (``status``: one sacct call in all); the
+        newest is its final state, and sacct is not asked again."""
         try:
             out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%N|%M|%r"]).strip()
         except SlurmCommandError as exc:
@@ -103,6 +148,11 @@ class SlurmCommands:
         if out:
             state, nodes, elapsed, reason = (out.splitlines()[0].split("|") + ["", "", ""])[:4]
             return JobState(state, nodes, elapsed, "squeue", "" if reason == "None" else reason)
+        if runs is not None:
+            mine = [r for r in runs if r.job_id == job_id]
+            if not mine:
+                return JobState("UNKNOWN", "", "", "")
+            return JobState(mine[-1].state, mine[-1].nodes, mine[-1].elapsed, "sacct")
         try:
             out = self.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList,Elapsed"]).strip()
         except SlurmCommandError:
@@ -177,18 +227,45 @@ class SlurmCommands:
         execution"): call it once the job is requeued (COMPLETING or PENDING)."""
         self.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"], timeout=30.0)
 
+    def job_runs(self, job_ids: tp.Sequence[str]) -> tp.List[SlurmRun]:
+        """Every run of the jobs ``job_ids`` as accounting recorded it: one ``sacct -D -X`` call for all of them,
+        each job's runs oldest first (``-D``: requeued runs too; ``-X``: allocations, not steps). Raises
+        SlurmCommandError when sacct is missing or fails (``Slurm accounting storage is disabled``).
+
+        Slurm 22.05 has no restart count in sacct: the n-th run (from 0) of a job is the one that ran with
+        ``SLURM_RESTART_COUNT`` n; the Start and End times place a run in time."""
+        ids = [str(j) for j in job_ids if j]
+        if not ids:
+            return []
+        out = self.run(["sacct", "-D", "-X", "-n", "-P", "-j", ",".join(ids), "-o", ",".join(RUN_FIELDS)], timeout=15.0)
+        runs = []
+        for line in out.splitlines():
+            cols = line.split("|")
+            if len(cols) < len(RUN_FIELDS):
+                continue
+            raw, job, state, start, end, elapsed, nodes, code = cols[: len(RUN_FIELDS)]
+            # an array task's or het job's raw id is its own number: keep the id the caller asked for
+            owner = raw if raw in ids else job if job in ids else raw
+            runs.append(
+                SlurmRun(
+                    job_id=owner,
+                    state=(state.split() or [""])[0],
+                    start=_sacct_time(start),
+                    end=_sacct_time(end),
+                    elapsed=elapsed,
+                    nodes=nodes,
+                    exit_code=code,
+                )
+            )
+        return runs
+
     def past_runs(self, job_id: str) -> tp.List[tp.Tuple[str, str]]:
-        """``[(state, node list)]`` of every run of a (requeued) job, oldest first (``sacct -D``): the first
+        """``[(state, node list)]`` of every run of a (requeued) job, oldest first (:meth:`job_runs`): the first
         run of a job Slurm requeued after a node failure shows ``NODE_FAIL``. [] without accounting."""
         try:
-            out = self.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList"], timeout=15.0)
+            return [(r.state, r.nodes) for r in self.job_runs([job_id])]
         except SlurmCommandError:
             return []
-        runs = []
-        for line in out.strip().splitlines():
-            state, _, nodes = line.partition("|")
-            runs.append(((state.split() or [""])[0], nodes))
-        return runs
 
     def running_job(self, job_id: str) -> tp.Tuple[str, tp.Optional[int]]:
         """``(state, time limit in seconds or None)`` of a job from squeue, ``("", None)`` when squeue does

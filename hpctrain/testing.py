@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import typing as tp
 
 from hpctrain._cuda import CudaRuntime
@@ -45,12 +46,17 @@ class FakeSlurm(SlurmCommands):
         self.node_state: tp.Dict[str, str] = {}  # node -> sinfo %T (idle, mixed, down*, drained, ...)
         self.members: tp.Dict[str, tp.List[str]] = {}  # partition -> its nodes (default: every node known)
         self.features: tp.Dict[str, tp.List[str]] = {}  # node -> its features (sinfo %f)
-        self.history: tp.Dict[str, tp.List[str]] = {}  # job id -> `sacct -D` lines "STATE|NODELIST", oldest first
+        # job id -> its runs for `sacct -D`, oldest first: "STATE|NODELIST", or {sacct column: value} (Start and
+        # End as sacct prints them or as Unix times); none: one run from `final` when the job has a final state
+        self.history: tp.Dict[str, tp.List[tp.Union[str, tp.Dict[str, tp.Any]]]] = {}
+        self.missing: tp.Set[str] = set()  # commands not on PATH (e.g. {"sacct"} on a login node without it)
 
     def run(self, argv: tp.Sequence[str], timeout: float = 30.0) -> str:
         argv = list(argv)
         self.calls.append(argv)
         program = argv[0]
+        if program in self.missing:
+            raise SlurmCommandError(f"{program} is not on PATH: run on a Slurm login node, or use --cluster local")
         if program == "sinfo" and "-N" in argv:
             if "-p" in argv:
                 part = argv[argv.index("-p") + 1]
@@ -77,7 +83,7 @@ class FakeSlurm(SlurmCommands):
                 raise SlurmCommandError("sacct failed: Slurm accounting storage is disabled")
             job = argv[argv.index("-j") + 1]
             if "-D" in argv:
-                return "".join(f"{line}\n" for line in self.history.get(job, []))
+                return self._sacct_runs(job.split(","), argv[argv.index("-o") + 1].split(","))
             return f"{self.final[job]}|node[1-2]|00:00:09\n" if job in self.final else ""
         if program == "scancel":
             self.final[argv[1]] = "CANCELLED by 0"
@@ -102,6 +108,23 @@ class FakeSlurm(SlurmCommands):
             job["ExcNodeList"] = argv[3].partition("=")[2] or "(null)"
             return ""
         raise SlurmCommandError(f"{program} is not faked")
+
+    def _sacct_runs(self, jobs: tp.Sequence[str], columns: tp.Sequence[str]) -> str:
+        """``sacct -D -X -P -n -j JOBS -o COLUMNS`` from :attr:`history` (else :attr:`final`)."""
+        lines = []
+        for job in jobs:
+            runs = self.history.get(job) or ([f"{self.final[job]}|node[1-2]"] if job in self.final else [])
+            for run in runs:
+                if isinstance(run, str):
+                    state, _, nodes = run.partition("|")
+                    run = {"State": state, "NodeList": nodes}
+                row = {"JobIDRaw": job, "JobID": job, "Start": "Unknown", "End": "Unknown", "Elapsed": "00:00:09"}
+                row.update({"ExitCode": "0:0", **run})
+                for key in ("Start", "End"):
+                    if isinstance(row[key], (int, float)):
+                        row[key] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(row[key]))
+                lines.append("|".join(str(row.get(c, "")) for c in columns) + "\n")
+        return "".join(lines)
 
 
 class FakeLustre(LustreCommands):

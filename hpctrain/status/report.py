@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import time
@@ -147,25 +148,37 @@ def _checkpoint(ckpt_dir: tp.Optional[str], problems: tp.List[str]) -> tp.Option
     return out
 
 
+def _job_of(
+    submission: tp.Optional[tp.Dict[str, tp.Any]], starts: tp.List[tp.Dict[str, tp.Any]]
+) -> tp.Tuple[tp.Optional[str], str]:
+    """(the run's job id, its cluster: ``slurm`` or ``local``)."""
+    sub = submission or {}
+    last = starts[-1] if starts else {}
+    cluster = sub.get("cluster")
+    if cluster is None:  # no submission record (plain sbatch template, torchrun): how the ranks were launched
+        cluster = "slurm" if last.get("launcher") == "slurm" else "local"
+    return sub.get("job_id") or last.get("job_id"), cluster
+
+
 def _job_state(
     submission: tp.Optional[tp.Dict[str, tp.Any]],
     starts: tp.List[tp.Dict[str, tp.Any]],
     end: tp.Optional[tp.Dict[str, tp.Any]],
     slurm: tp.Any,
     problems: tp.List[str],
+    runs: tp.Optional[tp.List[tp.Any]] = None,
 ) -> tp.Dict[str, tp.Any]:
+    """``runs``: the job's Slurm runs from sacct, asked for already ([] when accounting is unavailable), so
+    that sacct is not asked twice."""
     sub = submission or {}
     last = starts[-1] if starts else {}
-    job_id = sub.get("job_id") or last.get("job_id")
-    cluster = sub.get("cluster")
-    if cluster is None:  # no submission record (plain sbatch template, torchrun): how the ranks were launched
-        cluster = "slurm" if last.get("launcher") == "slurm" else "local"
+    job_id, cluster = _job_of(submission, starts)
     job: tp.Dict[str, tp.Any] = {"id": job_id, "cluster": cluster}
     if cluster == "slurm" and job_id:
         from hpctrain._slurm import SlurmCommands
 
         try:
-            st = (slurm or SlurmCommands()).job_state(job_id)
+            st = (slurm or SlurmCommands()).job_state(job_id, runs=runs)
         except HpctrainError as exc:
             problems.append(f"job state: {exc}")
         except (OSError, ValueError) as exc:  # the command could not be run at all
@@ -191,8 +204,86 @@ def _job_state(
     return job
 
 
+def _slurm_view(
+    ledger: tp.List[tp.Dict[str, tp.Any]],
+    metrics: tp.List[tp.Dict[str, tp.Any]],
+    job_id: tp.Optional[str],
+    slurm: tp.Any,
+) -> tp.Tuple[tp.Dict[str, tp.Any], tp.List[tp.Any], tp.Optional[str]]:
+    """Slurm's record of each attempt beside hpctrain's cause (:mod:`hpctrain.bundle.attempts`), from one
+    ``sacct -D`` call for the whole run: ``(view, runs, why unavailable)``. The view: ``available``,
+    ``unavailable`` (why not), ``attempts`` (one row per Slurm attempt, oldest first) and ``disagreements``
+    (one line each: ``attempt 12-r0: hpctrain says preemption, Slurm says NODE_FAIL``)."""
+    from hpctrain._slurm import SlurmCommands
+    from hpctrain.bundle.attempts import attempts_from_ledger, match_slurm_runs, slurm_job_ids, slurm_runs
+
+    try:
+        attempts = attempts_from_ledger(ledger, [m for m in metrics if isinstance(m, dict)])
+    except Exception as exc:  # noqa: BLE001 - the ledger was sanitised; should grouping fail, one line, not a crash
+        why = f"the ledger's attempts could not be grouped ({type(exc).__name__}: {shorten(str(exc), 200)})"
+        return {"available": False, "unavailable": why, "attempts": [], "disagreements": []}, [], why
+    runs, why = slurm_runs(attempts, slurm or SlurmCommands(), also=[job_id])
+    match_slurm_runs(attempts, runs)
+    ids = slurm_job_ids(attempts, also=[job_id])
+    rows = []
+    for a in attempts:
+        if a.job_id not in ids:
+            continue
+        got = a.slurm or {}
+        rows.append(
+            {
+                "attempt": a.label,
+                "job_id": a.job_id,
+                "restart_count": a.restart_count,
+                "cause": a.cause,
+                "requeued": a.requeued,
+                "ended": a.exit is not None or a.end is not None,
+                "slurm_state": got.get("state"),
+                "slurm_nodes": got.get("nodes"),
+                "slurm_start": got.get("start"),
+                "slurm_end": got.get("end"),
+                "slurm_exit_code": got.get("exit_code"),
+                "slurm_run": got.get("run"),
+                "slurm_runs": got.get("runs"),
+                "matched_by": got.get("matched_by"),
+                "shared": bool(got.get("shared")),
+                "disagrees": a.slurm_disagrees,
+            }
+        )
+    view = {
+        "available": why is None,
+        "unavailable": why,
+        "attempts": rows,
+        "disagreements": [r["disagrees"] for r in rows if r["disagrees"]],
+    }
+    return view, runs, why
+
+
+def _slowest(last: tp.Optional[tp.Dict[str, tp.Any]]) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The last interval's slowest rank and its own slow phase, by the straggler detector's rule
+    (:func:`hpctrain.runtime.stragglers.find_straggler` with no threshold): the rank with the most busy time (its
+    step less its exposed communication, i.e. less the waiting for the others) and the phase where it exceeds
+    the others most. ``{rank, phase, busy_s, reference_s, ratio}``; ``phase`` None when no rank's own work is
+    ``MIN_EXCESS_S`` above the others' (or the record has no busy time: the rank is then the one with the
+    longest step). None without per-rank times."""
+    if not last or not isinstance(last.get("per_step"), dict):
+        return None
+    from hpctrain.runtime.stragglers import find_straggler
+
+    found = find_straggler(last, threshold=0.0)
+    if found is not None:
+        return {k: found[k] for k in ("rank", "phase", "busy_s", "reference_s", "ratio")}
+    busy = last["per_step"].get("busy_s")
+    rank = busy.get("max_rank") if isinstance(busy, dict) else None
+    rank = rank if rank is not None else last.get("slowest_rank")
+    if rank is None:
+        return None
+    return {"rank": rank, "phase": None, "busy_s": None, "reference_s": None, "ratio": None}
+
+
 IDENTITY_ROWS = 20
 """Attempts whose identity the report lists (the newest ones; the records hold them all)."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _short_text(value: tp.Any, keep: int = 200) -> tp.Optional[str]:
@@ -203,7 +294,7 @@ def _identity(root: Path, problems: tp.List[str]) -> tp.Optional[tp.Dict[str, tp
     """Each attempt's run identity and what changed since the attempt before (hpctrain.identity): a restart
     that ran other code, config or data is shown as such, not silently mixed. None without records."""
     try:
-        from hpctrain.identity import attempt_history
+        from hpctrain.identity import RunIdentity, attempt_history
 
         history = attempt_history(root)
     except Exception as exc:  # noqa: BLE001 - a damaged identity record is one warning, the rest still shows
@@ -224,7 +315,11 @@ def _identity(root: Path, problems: tp.List[str]) -> tp.Optional[tp.Dict[str, tp
         )
     if not rows:
         return None
-    return {"current": rows[-1]["identity"], "attempts": rows, "changes": sum(1 for r in rows if r["changed"])}
+    current = rows[-1]["identity"]
+    # a healthy identity (a sha256) is shown as the house shows it everywhere (RunIdentity.short); any other text
+    # is recorded damage: the view cuts it and says how long it was
+    short = RunIdentity(current, root, {}).short if isinstance(current, str) and _SHA256.fullmatch(current) else None
+    return {"current": current, "short": short, "attempts": rows, "changes": sum(1 for r in rows if r["changed"])}
 
 
 def _approvals(root: Path, problems: tp.List[str]) -> tp.Optional[tp.Dict[str, tp.Any]]:
@@ -280,9 +375,14 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
     total = (last or {}).get("total_steps") or (starts[-1].get("total_steps") if starts else None)
     known_steps = [s for s in ((last or {}).get("step"), (end or {}).get("step")) if s is not None]
     step = max(known_steps) if known_steps else None
+    job_id, cluster = _job_of(submission, starts)
+    slurm_view, runs = None, None
+    if cluster == "slurm" and job_id:
+        slurm_view, runs, why = _slurm_view(ledger, metrics, job_id, slurm)
+        runs = [] if why else runs
     report: tp.Dict[str, tp.Any] = {
         "run_dir": str(root),
-        "job": _job_state(submission, starts, end, slurm, problems),
+        "job": _job_state(submission, starts, end, slurm, problems, runs),
         "starts": len(starts),
         "restarts": max(len(starts) - 1, 0),
         "progress": {
@@ -300,6 +400,9 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
         "ledger": ledger,
         **collect_faults(ledger),  # "hangs" and "stragglers" (hpctrain.status.faults)
         **collect_nodes(ledger),  # "node_failures", "in_job_restarts", "excluded_nodes" (hpctrain.status.nodes)
+        # Slurm's record of each attempt (sacct) beside hpctrain's cause; None for a run not on Slurm
+        "slurm_view": slurm_view,
+        "slowest": _slowest(last),
         "identity": _identity(root, problems),
         "approvals": _approvals(root, problems),
         "problems": problems,

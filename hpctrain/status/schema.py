@@ -172,7 +172,16 @@ STATS = Record(
     }
 )
 MEMORY_PARTS = ("peak_allocated_bytes", "peak_reserved_bytes", "rss_bytes", "state_bytes")  # train.memory.FIELDS
-PER_STEP_PARTS = ("step_s", "data_wait_s", "forward_backward_s", "grad_comm_exposed_s", "optimizer_s", "checkpoint_s")
+# per-step phases of a metrics interval (hpctrain.train.metrics), and busy_s: the step less its exposed comm
+PER_STEP_PARTS = (
+    "step_s",
+    "data_wait_s",
+    "forward_backward_s",
+    "grad_comm_exposed_s",
+    "optimizer_s",
+    "checkpoint_s",
+    "busy_s",
+)
 
 _LEDGER_COMMON: tp.Dict[str, Field] = {
     "schema": Str(),

@@ -84,6 +84,55 @@ def _job_line(job: tp.Mapping[str, tp.Any]) -> str:
     return where + f"  [dim]· from {_t(job.get('source') or '?')}[/]"
 
 
+SLURM_ROWS = 10
+"""Attempts shown with Slurm's state (the newest); ``--json`` has all."""
+
+
+def _slowest_line(slowest: tp.Any, last: tp.Mapping[str, tp.Any]) -> str:
+    """The slowest rank and its own slow phase (the straggler rule, :func:`hpctrain.status.report._slowest`)."""
+    if not isinstance(slowest, dict):
+        return f"rank {_n(last.get('slowest_rank'))}"
+    line = f"rank {_n(slowest.get('rank'))}"
+    if slowest.get("phase"):
+        line += f" · slow phase: {_t(slowest['phase'], 40)}"
+        if slowest.get("busy_s") is not None and slowest.get("reference_s") is not None:
+            line += (
+                f" (its own work {_ms(slowest['busy_s'])} a step, the others' {_ms(slowest['reference_s'])},"
+                f" {slowest['ratio']:.1f}x)"
+            )
+    elif (last.get("per_step") or {}).get("busy_s"):
+        from hpctrain.runtime.stragglers import MIN_EXCESS_S
+
+        line += f" · no phase stands out: its own work is within {_ms(MIN_EXCESS_S)} a step of the others'"
+    return line
+
+
+def _render_slurm_view(view: tp.Any, out: tp.Callable[[str], None]) -> None:
+    """Slurm's state of each attempt (sacct) beside hpctrain's cause, and a line for each disagreement."""
+    if not isinstance(view, dict):
+        return
+    if not view.get("available"):
+        out(f"[bold]slurm[/]      [yellow]Slurm's view is unavailable[/]: {_t(view.get('unavailable'), 300)}")
+        return
+    rows = view.get("attempts") or []
+    for n, r in enumerate(rows[-SLURM_ROWS:]):
+        said = _t(r.get("cause"), 40) if r.get("cause") else "running" if not r.get("ended") else "no exit record"
+        said += " (requeued)" if r.get("requeued") else ""
+        if r.get("slurm_state"):
+            slurm = f"{_t(r['slurm_state'], 40)} on {_t(r.get('slurm_nodes'), 200)}"
+            run = r.get("slurm_run")
+            slurm += f", run {'?' if run is None else run + 1} of {_n(r.get('slurm_runs'))} in sacct"
+            slurm += " (a later attempt ran in the same Slurm run)" if r.get("shared") else ""
+        else:
+            slurm = "no record of this attempt"
+        head = "[bold]slurm[/]      " if n == 0 else "           "
+        out(f"{head}attempt {_t(r.get('attempt'), 80)}: hpctrain {said} · Slurm {slurm}")
+    if len(rows) > SLURM_ROWS:
+        out(f"[dim]slurm: the {len(rows) - SLURM_ROWS} earlier attempts are not shown (--json has all)[/]")
+    for line in view.get("disagreements") or []:
+        out(f"[bold]disagree[/]   [red]{_t(line, 300)}[/]")
+
+
 def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -149,8 +198,9 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
             console.print(table)
             how = {"fsdp_waits": "FSDP all-gather/reduce-scatter waits", "ddp_last_bucket": "after DDP's last bucket"}
             measure = how.get(last.get("comm_measure") or "")
-            line = f"rank {_n(last.get('slowest_rank'))}" + (f" · exposed comm: {measure}" if measure else "")
-            out(f"[bold]slowest[/]    {line}")
+            if measure:  # how the table's column was measured; not a statement about the slowest rank
+                out(f"[dim]           exposed comm: {measure}[/]")
+            out(f"[bold]slowest[/]    {_slowest_line(report.get('slowest'), last)}")
         mem = last.get("memory") or {}
         parts = [
             f"{label} {fmt_bytes(mem[key].get('max'))}"
@@ -178,7 +228,10 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
         )
     ident = report.get("identity")
     if ident:
-        line = f"{_t(ident.get('current'), 12)} ({len(ident.get('attempts') or [])} attempt(s) recorded)"
+        shown = (
+            _t(ident["short"]) if ident.get("short") else _t(ident.get("current"), 12)
+        )  # damage: cut, with its length
+        line = f"{shown} ({len(ident.get('attempts') or [])} attempt(s) recorded)"
         for row in ident.get("attempts") or []:
             if row.get("changed"):
                 accepted = ", data change accepted" if row.get("data_change_accepted") else ""
@@ -205,6 +258,7 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
             f"[bold]last exit[/]  attempt {_n(ex.get('restart_count'))}: {_t(ex.get('cause'))}{at} · "
             f"[{colour}]{_t(ex.get('reason'), 400)}[/]"
         )
+    _render_slurm_view(report.get("slurm_view"), out)
     render_faults(report, out, _t)  # hangs and stragglers (hpctrain.status.faults)
     render_nodes(report, out, _t)  # node failures, in-job restarts, excluded hosts (hpctrain.status.nodes)
     ledger = report["ledger"]
