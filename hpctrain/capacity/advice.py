@@ -23,6 +23,8 @@ def _gb(x: float) -> str:
 
 
 def _dur(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "never" if seconds > 0 else "?"
     if seconds < 1:
         return f"{seconds * 1e3:.3g} ms"
     if seconds < 120:
@@ -43,6 +45,10 @@ def _bound(row: tp.Dict[str, tp.Any], f: Fitted, ckpt_loss: float) -> tp.Tuple[s
             f"the job fails every {_dur(row['failures']['job_mtbf_s'])} at {_nodes(n)}, faster than it can restart "
             f"and save ({_dur(row['failures']['restart_s'])}): it would never finish; use fewer nodes or shorten the "
             "restart"
+        )
+    if not wall > 0:  # nothing to train and nothing to start: no resource bounds it
+        return "nothing to train", (
+            "the target is 0 samples and the run costs no start-up: give --samples or --epochs to predict a run"
         )
     share = {
         "network": parts["comm_s"] / step * work / wall,

@@ -270,6 +270,37 @@ def _check_run_dir(run_dir: tp.Union[str, "os.PathLike[str]"]) -> RunDir:
     return paths
 
 
+MAX_STEP_S = 1e6
+"""A step time (or part of one) beyond this (11.6 days) is not a measurement: a damaged or hand-made record."""
+MAX_BATCH = 1e15
+"""Samples per step beyond this are not a measurement either."""
+
+
+def _check_measured(
+    run_dir: tp.Union[str, "os.PathLike[str]"],
+    world: int,
+    intervals: int,
+    step: float,
+    global_batch: float,
+    parts: tp.Mapping[str, float],
+) -> None:
+    """Refuse, in one line, the measurements no prediction can be made from: a step time that is zero, negative,
+    not a number or absurdly long, no samples per step, or a part of the step beyond any real one."""
+    where = f"RUN_DIR {shorten(os.fspath(run_dir), 300)}: world size {world} ({intervals} interval record(s))"
+    fix = "its train/metrics.jsonl interval records are not usable measurements; calibrate again, or leave it out"
+    if not (math.isfinite(step) and step > 0):
+        raise UsageError(
+            f"{where}: the measured step time (per_step.step_s less the checkpoint stall, median) is "
+            f"{step:.3g} s, not a positive time; {fix}"
+        )
+    if step > MAX_STEP_S or any(v > MAX_STEP_S for v in parts.values()):
+        raise UsageError(f"{where}: a measured step time or part of one is over {MAX_STEP_S:g} s; {fix}")
+    if not (math.isfinite(global_batch) and 0 < global_batch <= MAX_BATCH):
+        raise UsageError(
+            f"{where}: {global_batch:.3g} samples per step (samples / steps, median), not a usable batch; {fix}"
+        )
+
+
 def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Calibration]:
     """The calibration points of one run directory (one per world size it trained at). A directory without
     usable interval records is a :class:`~hpctrain.errors.UsageError` (one line)."""
@@ -279,8 +310,16 @@ def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Cal
     notes += bad[:3]
     intervals = _intervals(records, notes)
     if not intervals:
+        seen = sum(1 for r in records if r.get("kind") == "interval")
+        why = (
+            f" ({seen} interval record(s), none with a usable world size, step count, samples and step time"
+            + (f": {notes[-1]}" if notes else "")
+            + ")"
+            if seen
+            else ""
+        )
         raise UsageError(
-            f"RUN_DIR {shorten(os.fspath(run_dir), 300)}: no measured interval record in train/metrics.jsonl"
+            f"RUN_DIR {shorten(os.fspath(run_dir), 300)}: no measured interval record in train/metrics.jsonl{why}"
         )
     starts, ends = _ledger(paths, notes)
     problems: tp.List[str] = []
@@ -318,6 +357,7 @@ def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Cal
         flops = _median(
             [r["flops_per_s"] / r["samples_per_s"] for r in recs if r.get("flops_per_s") and r.get("samples_per_s")]
         )
+        _check_measured(run_dir, world, len(recs), step, global_batch, parts)
         known = sum(parts[p] for p in PARTS if p != "checkpoint_s")
         cal = Calibration(
             run_dir=os.fspath(run_dir),

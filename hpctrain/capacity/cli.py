@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hpctrain._cli import EXIT_OK, add_json_flag, command_parser
 from hpctrain._files import shorten
+from hpctrain._output import output_dir, output_file
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.rundir import RunDir
 
@@ -176,8 +177,13 @@ def calibrate(
     from hpctrain._entry import split_entry
 
     split_entry(entry)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out_dir, parents=True, label="--calibrate-dir: ")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HpctrainError(
+            f"--calibrate-dir: cannot create {shorten(os.fspath(out_dir), 300)}: {exc.strerror}"
+        ) from None
     dirs = []
     for nodes, ranks in sizes:
         per_node = ranks or gpus_per_node or 1
@@ -200,8 +206,17 @@ def calibrate(
     return dirs
 
 
+def _finite(x: tp.Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _ms(x: tp.Optional[float]) -> str:
-    return "?" if x is None else f"{x * 1e3:.3g}"
+    return f"{x * 1e3:.3g}" if _finite(x) and _finite(x * 1e3) else "?"  # type: ignore[operator]
+
+
+def _fmt(x: tp.Any, spec: str) -> str:
+    """``x`` formatted with ``spec``, or ``?`` when it is unknown or not finite (never ``nan``/``inf``)."""
+    return format(x, spec) if _finite(x) else "?"
 
 
 def _dur(seconds: tp.Optional[float]) -> str:
@@ -228,18 +243,18 @@ def format_table(report: tp.Mapping[str, tp.Any]) -> tp.Any:
         table.add_column(c, justify="left" if c == "bound" else "right")
     for r in report["rows"]:
         if not r.get("feasible"):
-            table.add_row(str(r["nodes"]), str(r["gpus"]), *["-"] * (len(cols) - 3), "infeasible")
+            table.add_row(str(r["nodes"]), str(r["gpus"]), *["-"] * (len(cols) - 3), r.get("bound") or "infeasible")
             continue
         p = r["parts"]
         ck = r["checkpoint"]
         cells = [str(r["nodes"]), str(r["gpus"]), _ms(r["step_s"]), _ms(p["data_wait_s"]), _ms(p["compute_s"])]
-        cells += [_ms(p["comm_s"]), f"{r['samples_per_s']:,.0f}", f"{r['efficiency']:.2f}" if r["efficiency"] else "?"]
+        cells += [_ms(p["comm_s"]), _fmt(r["samples_per_s"], ",.0f"), _fmt(r["efficiency"] or None, ".2f")]
         if peak:
-            cells.append(f"{r['mfu']:.0%}" if r.get("mfu") is not None else "?")
+            cells.append(_fmt(r.get("mfu"), ".0%"))
         cells += [_dur(r["train_s"]), _dur(r["wall_s"])]
-        cells.append(f"{r['gpu_hours']:,.1f}" if r.get("gpu_hours") is not None else "?")
+        cells.append(_fmt(r.get("gpu_hours"), ",.1f"))
         every = _dur(ck["daly_s"]) if ck.get("daly_s") else "?"
-        cells += [every, f"{r['ettr']:.3f}", str(r["segments"] or "?"), r["bound"]]
+        cells += [every, _fmt(r["ettr"], ".3f"), str(r["segments"] or "?"), r["bound"]]
         table.add_row(*cells)
     return table
 
@@ -255,33 +270,39 @@ def _model_line(report: tp.Mapping[str, tp.Any]) -> str:
         return f"{md[name]['source']}{': ' + note if note else ''}"
 
     inv = v("comm_inv_busbw")
+    bw = f"{_fmt(1 / inv / GB, '.3g')} GB/s" if _finite(inv) and inv > 0 else "no cost (not modelled)"
     return (
-        f"model     compute {_ms(v('compute_per_step_s'))} ms/step + {(v('compute_per_sample_s') or 0) * 1e6:.3g} "
+        f"model     compute {_ms(v('compute_per_step_s'))} ms/step + {_us(v('compute_per_sample_s'))} "
         f"us/sample ({md['compute_per_sample_s']['source']}) · exposed comm {_ms(v('comm_base_s'))} ms + "
-        f"{(v('comm_latency_s') or 0) * 1e6:.3g} us/round ({src('comm_latency_s')}) + bytes at "
-        f"{(1 / inv / GB if inv else math.inf):.3g} GB/s ({src('comm_inv_busbw')}) · save stall "
+        f"{_us(v('comm_latency_s'))} us/round ({src('comm_latency_s')}) + bytes at "
+        f"{bw} ({src('comm_inv_busbw')}) · save stall "
         f"{_ms(v('save_stall_s'))} ms, commit {_ms(v('save_commit_s'))} ms · start-up {_dur(v('startup_s'))}, "
-        f"restore {_dur(v('restore_s'))} ({md['restore_s']['source']}) · node MTBF {v('mtbf_node_hours'):.0f} h "
-        f"({md['mtbf_node_hours']['source']})"
+        f"restore {_dur(v('restore_s'))} ({md['restore_s']['source']}) · node MTBF "
+        f"{_fmt(v('mtbf_node_hours'), '.0f')} h ({md['mtbf_node_hours']['source']})"
     )
 
 
-def _print(report: tp.Mapping[str, tp.Any]) -> None:
+def _us(x: tp.Optional[float]) -> str:
+    return _fmt((x or 0) * 1e6, ".3g")
+
+
+def _print(report: tp.Mapping[str, tp.Any], file: tp.Optional[tp.TextIO] = None) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    file = file or sys.stdout
+    console = Console(file=file, highlight=False, soft_wrap=True, width=None if file.isatty() else 200)
     for c in report["calibration"]:
         console.print(
             f"calibrated {escape(shorten(c['run_dir'], 80))}: world {c['world_size']} on {c['nodes']} node(s), "
-            f"local batch {c['local_batch']:g}, step {_ms(c['step_s'])} ms (data {_ms(c['data_wait_s'])}, compute "
-            f"{_ms(c['compute_s'])}, comm {_ms(c['comm_s'])}, optimizer {_ms(c['optimizer_s'])}, other "
+            f"local batch {_fmt(c['local_batch'], 'g')}, step {_ms(c['step_s'])} ms (data {_ms(c['data_wait_s'])}, "
+            f"compute {_ms(c['compute_s'])}, comm {_ms(c['comm_s'])}, optimizer {_ms(c['optimizer_s'])}, other "
             f"{_ms(c['other_s'])}), {c['intervals']} intervals"
         )
     console.print(escape(_model_line(report)))
     samples = report["model"]["samples"]
     console.print(
-        f"target    {samples['value']:,.0f} samples "
+        f"target    {_fmt(samples['value'], ',.0f')} samples "
         f"({samples['source']}{': ' + samples['note'] if samples['note'] else ''})"
     )
     console.print(format_table(report))
@@ -315,8 +336,14 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         args, entry_args = args[:i], args[i + 1 :]
     ns = build_parser().parse_args(args)
     targets = _targets(ns)
-    if ns.plot and Path(ns.plot).suffix.lower() not in (".png", ".svg"):
-        raise UsageError(f"--plot {shorten(ns.plot)!r}: name a .png or .svg file")
+    plot = None
+    if ns.plot:
+        if Path(ns.plot).suffix.lower() not in (".png", ".svg"):
+            raise UsageError(f"--plot {shorten(ns.plot)!r}: name a .png or .svg file")
+        plot = output_file(ns.plot, label="--plot: ")  # checked before any calibration run is submitted
+        if plot.to_stdout and ns.json:
+            raise UsageError("--plot names standard output, where --json prints the report; write the plot to a file")
+    submit_args = _submit_args(ns.submit_args)
     run_dirs: tp.List[tp.Any] = list(ns.run_dirs)
     if ns.calibrate:
         if not ns.entry:
@@ -328,7 +355,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
             entry_args=entry_args,
             out_dir=ns.calibrate_dir,
             gpus_per_node=ns.gpus_per_node,
-            submit_args=shlex.split(ns.submit_args),
+            submit_args=submit_args,
             echo=echo,
         )
     elif ns.entry or entry_args:
@@ -336,23 +363,33 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     if not run_dirs:
         raise UsageError("give at least one calibration RUN_DIR, or --calibrate SIZES --entry MOD:FN")
     report = capacity_report(run_dirs, targets)
-    plot_note = None
-    if ns.plot:
+    if plot is not None:
         from hpctrain.capacity.plot import PlotUnavailable, render_plot
 
         try:
             data = render_plot(report, Path(ns.plot).suffix.lower().lstrip("."))
-            Path(ns.plot).write_bytes(data)
-            report["plot"] = os.fspath(ns.plot)
         except PlotUnavailable as exc:
-            plot_note = f"plot not written: {exc}"
-            report["notes"].append(plot_note)
-        except OSError as exc:
-            raise HpctrainError(f"--plot {shorten(ns.plot)!r}: {exc.strerror or exc}") from None
+            report["notes"].append(f"plot not written: {exc}")
+        else:
+            plot.write_bytes(data)
+            report["plot"] = os.fspath(ns.plot)
     if ns.json:
         print(to_json(report))
     else:
-        _print(report)
+        # the plot went to standard output (--plot /dev/stdout): the table goes to stderr, not into the image
+        out = sys.stderr if plot is not None and plot.to_stdout else sys.stdout
+        _print(report, file=out)
         if report.get("plot"):
-            print(f"plot      {report['plot']}")
+            print(f"plot      {report['plot']}", file=out)
     return EXIT_OK
+
+
+def _submit_args(text: str) -> tp.List[str]:
+    """``--submit-args`` split as a shell would; unbalanced quotes are one line (exit 2)."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise UsageError(
+            f"--submit-args {shorten(text)!r} cannot be split into flags ({str(exc).lower()}); balance its quotes, "
+            "e.g. --submit-args \"--partition gpu --comment 'a b'\""
+        ) from None

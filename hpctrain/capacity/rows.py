@@ -59,7 +59,17 @@ def _row(f: Fitted, nodes: int, thr_1: tp.Optional[float]) -> tp.Dict[str, tp.An
         return row
     parts = step_parts(f, ranks, nodes, local)
     step = sum(parts.values())
-    thr = m.throughput(local, ranks, step)
+    thr = m.throughput(local, ranks, step) if step > 0 else math.inf
+    if not (math.isfinite(step) and step > 0 and math.isfinite(thr) and thr > 0):
+        row.update(
+            feasible=False,
+            bound="not measurable",
+            advice=(
+                f"the calibration's measurements give a predicted step of {step:.3g} s at {nodes} node(s): no "
+                "prediction can be made from them (see the notes); calibrate again"
+            ),
+        )
+        return row
     samples = f.samples.value or 0.0
     steps = math.ceil(samples / global_batch) if samples else 0
     work = steps * step
@@ -95,6 +105,7 @@ def _row(f: Fitted, nodes: int, thr_1: tp.Optional[float]) -> tp.Dict[str, tp.An
     mfu = None
     if f.peak_flops.value and f.flops_per_sample.value:
         mfu = thr * f.flops_per_sample.value / (ranks * f.peak_flops.value)
+        mfu = mfu if math.isfinite(mfu) else None
     needed = rpn * local * (f.bytes_per_sample.value or 0.0) / step if f.bytes_per_sample.value else None
     row.update(
         feasible=True,

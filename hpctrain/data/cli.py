@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import tempfile
 import typing as tp
 
 import numpy as np
 
 from hpctrain._cli import add_json_flag, add_subcommands, command_parser
 from hpctrain._lustre import LustreCommands
+from hpctrain._output import output_file
 from hpctrain.data._h5 import DAMAGE_ERRORS, TORCH_DTYPES, damaged, open_h5
 from hpctrain.data._resolve import dataset_files, open_dataset
-from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.errors import UsageError
 
 __all__ = ["main", "inspect_file"]
 
@@ -210,11 +213,10 @@ def _synth(args: argparse.Namespace) -> int:
         raise UsageError(
             f"data synth: one sample of --shape {args.shape} is {sample_bytes / 2**30:.3g} GiB; lower --shape"
         )
-    parent = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(parent):
-        raise UsageError(f"data synth: {parent} is not a directory; create it first or choose another OUT")
-    if os.path.isdir(args.out):
-        raise UsageError(f"data synth: {args.out} is a directory; give a file name")
+    # the one owner of user-named outputs: a file is replaced atomically, a symlink's target written, a device or
+    # FIFO written through; a directory or a parent that is not one is one line, before anything is written
+    target = output_file(args.out, label="data synth: ")
+    parent = tempfile.gettempdir() if target.stream else os.fspath(target.path.parent)
     total = (sample_bytes + 8) * args.samples
     free = os.statvfs(parent).f_bavail * os.statvfs(parent).f_frsize
     if comp is None and total > free:
@@ -222,9 +224,9 @@ def _synth(args: argparse.Namespace) -> int:
             f"data synth: {args.samples} samples need {total / 2**30:.3g} GiB but {parent} has {free / 2**30:.3g} "
             f"GiB free; lower --samples or --shape"
         )
-    try:
-        make_dataset(
-            args.out,
+    target.write_with(
+        lambda tmp: make_dataset(
+            tmp,
             args.samples,
             shape=shape,
             dtype=dtype.name,
@@ -233,13 +235,13 @@ def _synth(args: argparse.Namespace) -> int:
             level=args.level,
             seed=args.seed,
         )
-    except OSError as exc:
-        raise HpctrainError(f"data synth: cannot write {args.out}: {exc.strerror or exc}") from None
+    )
     chunk = min(args.chunk_samples or 64, max(1, args.samples))
     print(
         f"wrote {args.out}: {args.samples} samples of x{list(shape)} {dtype.name} + y int64, "
         f"{f'chunk {chunk}' if comp or args.chunk_samples else 'contiguous'}"
-        f"{', ' + comp if comp else ''} ({os.path.getsize(args.out) / MiB:.1f} MiB)"
+        f"{', ' + comp if comp else ''} ({target.size / MiB:.1f} MiB)",
+        file=sys.stderr if target.to_stdout else sys.stdout,
     )
     return 0
 

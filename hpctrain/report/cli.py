@@ -1,21 +1,22 @@
 """``python -m hpctrain report RUN_DIR [-o FILE]``: one self-contained HTML report of a run (no torch).
 
 Reads the run directory (:func:`hpctrain.report.gather.gather`), draws the page
-(:func:`hpctrain.report.page.render`) and writes it atomically (default ``RUN_DIR/report.html``,
-:attr:`hpctrain.rundir.RunDir.report`). A damaged run directory gives a report whose notes say what was
-wrong; a path that is not a run directory is one error line and exit 2.
+(:func:`hpctrain.report.page.render`) and writes it through :mod:`hpctrain._output` (default
+``RUN_DIR/report.html``, :attr:`hpctrain.rundir.RunDir.report`): a file atomically, a symbolic link's target,
+a device, FIFO or ``/dev/stdout`` written through (the summary then goes to stderr), never replaced. A
+damaged run directory gives a report whose notes say what was wrong; a path that is not a run directory is
+one error line and exit 2.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import typing as tp
 from pathlib import Path
 
-from hpctrain._atomic import atomic_write_bytes
 from hpctrain._cli import command_parser
-from hpctrain._files import shorten
-from hpctrain.errors import HpctrainError, UsageError
+from hpctrain._output import OutputFile, output_file
 from hpctrain.report.text import plain
 from hpctrain.rundir import RunDir
 
@@ -28,19 +29,32 @@ def write_report(
     *,
     slurm: tp.Any = None,
 ) -> tp.Tuple[Path, tp.Any]:
-    """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``); ``(path, RunData)``."""
+    """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``); ``(path, RunData)``: the
+    path written (a symbolic link's target; a device or FIFO as named)."""
+    target, data = _write(run_dir, out, slurm=slurm)
+    return target.path, data
+
+
+def _write(
+    run_dir: tp.Union[str, "os.PathLike[str]"],
+    out: tp.Optional[tp.Union[str, "os.PathLike[str]"]],
+    *,
+    slurm: tp.Any = None,
+) -> tp.Tuple[OutputFile, tp.Any]:
+    """:func:`write_report`, returning the :class:`~hpctrain._output.OutputFile` (kind, bytes, stdout or not).
+
+    ``out`` goes through :func:`hpctrain._output.output_file`: a file is replaced atomically, a symbolic link's
+    target is written (the link stays), a device, FIFO or ``/dev/stdout`` is written through; a directory or
+    a parent that is not one is one error line (exit 2), checked before the run directory is read."""
     from hpctrain.report.gather import gather
     from hpctrain.report.page import render
 
+    target = output_file(out) if out is not None else None
     data = gather(run_dir, slurm=slurm)
-    path = Path(out) if out is not None else RunDir(data.run_dir).report
-    if path.is_dir():
-        raise UsageError(f"-o {shorten(os.fspath(path), 300)}: a directory; give a file name (report.html)")
-    if not path.parent.is_dir():
-        raise UsageError(f"-o {shorten(os.fspath(path), 300)}: its directory does not exist")
-    # errors="replace": a lone surrogate that slipped through must not cost the report
-    atomic_write_bytes(path, render(data).encode("utf-8", errors="replace"))
-    return path, data
+    if target is None:
+        target = output_file(RunDir(data.run_dir).report)
+    target.write_text(render(data))
+    return target, data
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None) -> int:
@@ -53,19 +67,19 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None) ->
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (hpctrain.submit --run-dir)")
     parser.add_argument("-o", "--output", metavar="FILE", help="where to write it (default RUN_DIR/report.html)")
     args = parser.parse_args(argv)
-    try:
-        path, data = write_report(args.run_dir, args.output, slurm=slurm)
-    except OSError as exc:  # read-only, full, no permission: one line, not a traceback
-        where = shorten(os.fspath(exc.filename), 300) if exc.filename else "the output"
-        raise HpctrainError(f"cannot write the report to {where}: {exc.strerror or exc}") from None
-    size = path.stat().st_size
+    target, data = _write(args.run_dir, args.output, slurm=slurm)
+    # the page went to standard output (-o /dev/stdout, or the file stdout goes to): the summary goes to stderr
+    say = sys.stderr if target.to_stdout else sys.stdout
+    where = target.shown if args.output is not None or target.stream else os.fspath(target.path)
     print(
-        f"report {path} ({size / 1024:.0f} KiB): {len(data.attempts)} attempt(s), {len(data.intervals)} interval and "
-        f"{len(data.evals)} eval record(s), {sum(1 for c in data.checkpoints if c['status'] == 'committed')} "
-        f"committed checkpoint(s), {len(data.notes)} note(s)"
+        f"report {where} ({target.size / 1024:.0f} KiB): {len(data.attempts)} attempt(s), {len(data.intervals)} "
+        f"interval and {len(data.evals)} eval record(s), "
+        f"{sum(1 for c in data.checkpoints if c['status'] == 'committed')} committed checkpoint(s), "
+        f"{len(data.notes)} note(s)",
+        file=say,
     )
     for note in data.notes[:5]:
-        print(f"  note: {plain(note, 200)}")
+        print(f"  note: {plain(note, 200)}", file=say)
     if len(data.notes) > 5:
-        print(f"  ... {len(data.notes) - 5} more in the report's Notes section")
+        print(f"  ... {len(data.notes) - 5} more in the report's Notes section", file=say)
     return 0

@@ -7,6 +7,7 @@ Each draws the interval and eval records over the broken time axis of :class:`~h
 from __future__ import annotations
 
 import collections
+import math
 import typing as tp
 
 from hpctrain.report.gather import Attempt, RunData
@@ -31,7 +32,12 @@ CHART_WINDOWS = 800
 
 
 def _ms(v: float) -> str:
-    return f"{v:.3g}"
+    return f"{v:.3g}" if math.isfinite(v) else "?"
+
+
+def _fixed(v: float) -> str:
+    """``12.34``; ``?`` for a value that is not finite (a page never shows ``nan`` or ``inf``)."""
+    return f"{v:.2f}" if math.isfinite(v) else "?"
 
 
 _CUT = (
@@ -227,7 +233,7 @@ def _ranks(data: RunData, spans: tp.List[tp.Tuple[float, float]], labels: tp.Lis
             (
                 r["time"],
                 1e3 * s["max"],
-                f"step {r['step']}: slowest rank {_rank(r, s)} ({1e3 * s['max']:.2f} ms per step)",
+                f"step {r['step']}: slowest rank {_rank(r, s)} ({_fixed(1e3 * s['max'])} ms per step)",
             )
             for r, s in rows
         ]

@@ -6,6 +6,7 @@ headings and keys are escaped here. Each section's ``<section>`` carries its sta
 
 from __future__ import annotations
 
+import math
 import time
 import typing as tp
 
@@ -43,7 +44,8 @@ def _num(v: tp.Any) -> tp.Optional[float]:
 
 
 def _pct(v: tp.Optional[float]) -> str:
-    return "?" if v is None else f"{100 * v:.1f} %"
+    """A share as ``12.3 %``; ``?`` when unknown or not finite (a page never shows ``nan`` or ``inf``)."""
+    return "?" if v is None or not math.isfinite(100 * v) else f"{100 * v:.1f} %"
 
 
 def _card(key: str, value: str, detail: str = "") -> str:

@@ -19,7 +19,20 @@ import math
 import typing as tp
 
 from hpctrain.report.svg_axes import TimeAxis, _axis_line, _log_ticks, _nice_ticks, _robust_top
-from hpctrain.report.svg_elements import COLORS, _cross, _diamond, _el, _f, _hatch, _ids, _path, _svg_open, _text
+from hpctrain.report.svg_elements import (
+    COLORS,
+    _cross,
+    _diamond,
+    _el,
+    _f,
+    _hatch,
+    _ids,
+    _left_out,
+    _path,
+    _svg_open,
+    _text,
+    plottable,
+)
 from hpctrain.report.svg_range_bars import range_bars, stats_ok
 from hpctrain.report.svg_timeline import Row, timeline
 from hpctrain.report.text import esc, fmt_num, fmt_seconds, plain
@@ -65,8 +78,10 @@ class TimeChart:
     """A chart over a :class:`TimeAxis`: lines, min..max bands, a stacked area, markers, event ticks.
 
     ``TimeChart(spans, label=..., fmt=...)``, then ``line``/``band``/``stack``/``markers``/``events``, then
-    :meth:`svg`. Lines break across the gaps between attempts and at unknown (None) values. Names, titles
-    and labels are recorded or plain text: escaped here.
+    :meth:`svg`. Lines break across the gaps between attempts and at unknown (None) values. A value that is not
+    finite or beyond :data:`~hpctrain.report.svg_elements.PLOTTABLE` is left out (a break, like None) and
+    counted in :attr:`left_out`, which the chart states in a line of its own. Names, titles and labels are
+    recorded or plain text: escaped here.
     """
 
     W = 1160.0
@@ -97,8 +112,34 @@ class TimeChart:
         self._legend: tp.List[tp.Tuple[str, str, str]] = []  # (name, color, kind)
         self.clipped = False
         """Set by :meth:`svg` when a spike was cut off (the caller may say so in its caption)."""
+        self._dropped: tp.Set[float] = set()  # the times of points with a value left out
+        self._untimed = 0  # points whose time cannot be drawn
 
     # ---- what to draw ------------------------------------------------------------------------------
+    @property
+    def left_out(self) -> int:
+        """Points (records) with a value not drawn: not finite, or beyond PLOTTABLE (damage, not a measurement)."""
+        return len(self._dropped) + self._untimed
+
+    def _clean(self, t: float, v: tp.Optional[float]) -> tp.Optional[float]:
+        """``v`` if a chart can draw it, else None (a break), counted in :attr:`left_out` unless it was None."""
+        if v is None:
+            return None
+        if plottable(v):
+            return float(v)
+        self._dropped.add(t)
+        return None
+
+    def _times(self, points: tp.Iterable[tp.Any]) -> tp.List[tp.Any]:
+        """The points whose time (their first item) can be drawn; the others counted in :attr:`left_out`."""
+        out = []
+        for p in points:
+            if plottable(p[0]):
+                out.append(p)
+            else:
+                self._untimed += 1
+        return out
+
     def _note(self, values: tp.Iterable[tp.Optional[float]]) -> None:
         self._values += [v for v in values if v is not None and math.isfinite(v)]
 
@@ -107,7 +148,7 @@ class TimeChart:
         self._tops += [(t, v) for t, v in points if v is not None and math.isfinite(v)]
 
     def line(self, name: str, color: str, points: tp.Sequence[Point], *, dash: str = "", width: float = 1.8) -> None:
-        pts = list(points)
+        pts = [(t, self._clean(t, v)) for t, v in self._times(points)]
         self._note(v for _, v in pts)
         self._peaks(pts)
         self._legend.append((name, color, "dash" if dash else "line"))
@@ -138,7 +179,14 @@ class TimeChart:
         self, name: str, color: str, points: tp.Sequence[tp.Tuple[float, tp.Optional[float], tp.Optional[float]]]
     ) -> None:
         """A filled band from ``lo`` to ``hi`` (a per-rank min..max)."""
-        pts = [(t, (lo, hi)) for t, lo, hi in points if lo is not None and hi is not None]
+        pts = []
+        for t, lo, hi in self._times(points):
+            if lo is None or hi is None:
+                continue
+            if plottable(lo) and plottable(hi):
+                pts.append((t, (float(lo), float(hi))))
+            else:
+                self._dropped.add(t)
         self._note(v for _, pair in pts for v in pair)
         self._peaks((t, pair[1]) for t, pair in pts)
         self._legend.append((name, color, "band"))
@@ -148,13 +196,15 @@ class TimeChart:
         """A stacked area: ``parts`` share their times; an unknown value counts as 0 in the stack."""
         if not parts:
             return
-        times = [t for t, _ in parts[0][2]]
+        keep = [i for i, (t, _) in enumerate(parts[0][2]) if plottable(t)]
+        self._untimed += len(parts[0][2]) - len(keep)
+        times = [parts[0][2][i][0] for i in keep]
         totals = [0.0] * len(times)
         layers = []
         for name, color, pts in parts:
             lower = list(totals)
-            for i, (_, v) in enumerate(pts):
-                totals[i] += v or 0.0
+            for i, j in enumerate(keep):
+                totals[i] += self._clean(times[i], pts[j][1]) or 0.0
             layers.append((name, color, list(zip(times, zip(lower, list(totals))))))
             self._legend.append((name, color, "area"))
         self._note(totals + [0.0])
@@ -197,7 +247,13 @@ class TimeChart:
         """Points with a hover title each (``(t, value, title)``; at most 400 get their own element);
         ``labels`` are ``(t, value, text)`` drawn above their point (none closer than 28 px to the previous).
         A None value is drawn at the top edge (a non-finite loss: the writer recorded null)."""
-        pts = list(points)
+        pts = []
+        for t, v, title in self._times(points):
+            if v is None or plottable(v):
+                pts.append((t, v, title))
+            else:  # None is drawn (at the top edge); a value that cannot be, is not
+                self._dropped.add(t)
+        labels = [(t, v, text) for t, v, text in labels if plottable(t) and plottable(v)]
         self._note(v for _, v, _ in pts)
         self._peaks((t, v) for t, v, _ in pts)
         if legend:
@@ -226,7 +282,7 @@ class TimeChart:
 
     def events(self, name: str, color: str, points: tp.Sequence[tp.Tuple[float, str]]) -> None:
         """Small diamonds on the time axis (checkpoint commits), with a hover title each."""
-        pts = list(points)[-400:]
+        pts = self._times(points)[-400:]
         if not pts:
             return
         self._legend.append((name, color, "diamond"))
@@ -329,6 +385,7 @@ class TimeChart:
         if not self._values:
             out.append(_text(W / 2, mid, "no data", size=13, text_anchor="middle"))
         out += [draw(y) for draw in self._layers]
+        out.append(_left_out(self.left_out, W - self.RIGHT, T - 8, text_anchor="end"))
         if self.clipped:  # spikes above the axis: a red caret at the top edge with the value
             last = -1e9
             for t, v in sorted(p for p in self._tops if y(p[1]) <= T + 0.01):

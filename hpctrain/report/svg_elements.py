@@ -8,11 +8,12 @@ attribute values passed here are constants or :func:`~hpctrain.report.text.esc`'
 from __future__ import annotations
 
 import itertools
+import math
 import typing as tp
 
 from hpctrain.report.text import esc
 
-__all__ = ["COLORS"]
+__all__ = ["COLORS", "PLOTTABLE", "plottable"]
 
 COLORS = {
     "loss": "#1f5fbf",
@@ -46,14 +47,43 @@ _ids = itertools.count(1)
 """The id prefix of each chart's patterns (many charts share one HTML document: one counter for all)."""
 
 
+PLOTTABLE = 1e30
+"""The largest magnitude a chart draws (after its unit: ms, %): no metric of a run comes near it (an
+exaFLOP/s is 1e18), so a value beyond it is damage, not a measurement. The charts leave such values out,
+with non-finite ones, and say so in the chart (:func:`plottable`, :func:`_left_out`)."""
+
+COORD_MAX = 1e6
+"""Coordinates are clamped to +-this: a renderer must never see ``nan``, ``inf`` or 1e300 in an attribute."""
+
+
+def plottable(v: tp.Any) -> bool:
+    """Whether ``v`` is a number a chart can draw: finite (not NaN or infinite) and within :data:`PLOTTABLE`."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= PLOTTABLE
+
+
 def _g(v: float) -> str:
-    """A measured value with three significant digits (``0.123``, ``12.3``, ``456``)."""
+    """A measured value with three significant digits (``0.123``, ``12.3``, ``456``); ``?`` if not finite."""
+    if not math.isfinite(v):
+        return "?"
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
 def _f(x: float) -> str:
-    """A coordinate: one decimal, no trailing zeros."""
-    return f"{x:.1f}".rstrip("0").rstrip(".")
+    """A coordinate: one decimal, no trailing zeros; clamped to :data:`COORD_MAX` (NaN: 0), so an SVG
+    attribute never holds ``nan`` or ``inf`` whatever the arithmetic before it did."""
+    if not math.isfinite(x):
+        x = 0.0 if math.isnan(x) else math.copysign(COORD_MAX, x)
+    x = min(max(x, -COORD_MAX), COORD_MAX)
+    text = f"{x:.1f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+def _left_out(n: int, x: float, y: float, **attrs: tp.Any) -> str:
+    """The line a chart carries when it left ``n`` points out (a value non-finite or beyond :data:`PLOTTABLE`)."""
+    if not n:
+        return ""
+    text = f"{n} point(s) left out: a value not finite or beyond ±{PLOTTABLE:.0e}"
+    return _el("text", text, x=x, y=y, font_size=10.5, fill=COLORS["slow"], class_="left-out", **attrs)
 
 
 def _el(name: str, body: str = "", **attrs: tp.Any) -> str:

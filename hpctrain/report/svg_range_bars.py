@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing as tp
 
 from hpctrain.report.svg_axes import _nice_ticks
-from hpctrain.report.svg_elements import COLORS, _el, _g, _svg_open, _text
+from hpctrain.report.svg_elements import COLORS, PLOTTABLE, _el, _g, _left_out, _svg_open, _text, plottable
 from hpctrain.report.text import esc, fmt_num
 
 __all__ = ["stats_ok", "range_bars"]
@@ -18,10 +18,16 @@ def stats_ok(s: tp.Any) -> bool:
 
 def range_bars(rows: tp.Sequence[tp.Tuple[str, tp.Optional[tp.Dict[str, tp.Any]]]], *, unit: float = 1e3) -> str:
     """One horizontal min..max bar per row (``(name, {min, median, max, max_rank})``, seconds), the median a
-    tick, the max a red dot labelled with the rank that holds it. Values are shown in ms."""
+    tick, the max a red dot labelled with the rank that holds it. Values are shown in ms. A row whose values
+    are not finite or beyond PLOTTABLE (in ms) is written, not drawn, and the chart says how many."""
     W, L, R, T, RH = 1160.0, 150.0, 240.0, 24.0, 26.0
     H = T + RH * len(rows) + 24
-    hi = max((s["max"] for _, s in rows if stats_ok(s)), default=0.0) * unit or 1.0  # type: ignore[index]
+
+    def drawable(s: tp.Any) -> bool:
+        return stats_ok(s) and all(plottable(s[k]) and plottable(unit * s[k]) for k in ("min", "median", "max"))
+
+    left_out = sum(1 for _, s in rows if stats_ok(s) and not drawable(s))
+    hi = max((unit * s["max"] for _, s in rows if drawable(s)), default=0.0) or 1.0
     ticks = _nice_ticks(0.0, hi)
     hi = max(ticks[-1], hi)
 
@@ -42,6 +48,11 @@ def range_bars(rows: tp.Sequence[tp.Tuple[str, tp.Optional[tp.Dict[str, tp.Any]]
         if not stats_ok(s):
             out.append(_text(L, cy + 4, "not measured", size=11))
             continue
+        if not drawable(s):
+            out.append(
+                _text(L, cy + 4, f"left out: not finite or beyond ±{PLOTTABLE:.0e} ms", size=11, color=COLORS["slow"])
+            )
+            continue
         assert s is not None
         lo, med, top = (unit * s[k] for k in ("min", "median", "max"))
         rank = esc(s.get("max_rank"))
@@ -51,5 +62,6 @@ def range_bars(rows: tp.Sequence[tp.Tuple[str, tp.Optional[tp.Dict[str, tp.Any]]
         out.append(_el("circle", tip, cx=x(top), cy=cy, r=4.5, fill=COLORS["slow"]))
         label = f"median {_g(med)} ms · max {_g(top)} on rank {rank}"
         out.append(_text(x(top) + 9, cy + 4, label, size=11, color=COLORS["text"]))
+    out.append(_left_out(left_out, W - 10, 12, text_anchor="end"))
     out.append("</svg>")
     return "".join(out)

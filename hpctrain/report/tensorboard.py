@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import stat
 import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain._cli import command_parser
 from hpctrain._files import shorten
+from hpctrain._output import output_dir
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.rundir import RunDir
 
@@ -125,23 +125,17 @@ def _event_files(path: Path) -> tp.List[Path]:
         return []
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
-    shown = shorten(os.fspath(out), 300)
-    try:
-        st = os.stat(out)
-    except FileNotFoundError:
-        if not out.parent.is_dir():
-            raise UsageError(f"-o {shown}: its parent directory does not exist") from None
-        return
-    except OSError as exc:
-        raise UsageError(f"-o {shown}: cannot open it ({exc.strerror or exc})") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"-o {shown}: exists and is not a directory")
-    if _event_files(out) and not overwrite:
+def _check_out(out: Path, overwrite: bool) -> Path:
+    """The directory to write into (a symbolic link's target), checked by :func:`hpctrain._output.output_dir`:
+    a path that exists and is not a directory, or whose parent is not one, is one line (exit 2); an earlier
+    export's event files in it too, unless ``overwrite``."""
+    real = output_dir(out)
+    if _event_files(real) and not overwrite:
         raise UsageError(
-            f"-o {shown}: already holds TensorBoard event files (an earlier export?); "
+            f"-o {shorten(os.fspath(out), 300)}: already holds TensorBoard event files (an earlier export?); "
             "pass --overwrite to replace them, or choose another directory"
         )
+    return real
 
 
 def export(
@@ -161,8 +155,8 @@ def export(
             f"RUN_DIR {shorten(os.fspath(root), 300)} holds no metrics records ({RunDir.TRAIN}/{RunDir.METRICS}); "
             "nothing to export"
         )
-    out_path = Path(out) if out is not None else RunDir(root).tensorboard
-    _check_out(out_path, overwrite)
+    shown = Path(out) if out is not None else RunDir(root).tensorboard
+    out_path = _check_out(shown, overwrite)
     try:
         from tensorboard.summary import Writer
     except ImportError as exc:
@@ -177,7 +171,7 @@ def export(
     kept_e = [r for r in kept if r.get("kind") == "eval"]
 
     tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
-    result = ExportResult(out=out_path, event_file=out_path, superseded=superseded, untimed=untimed, notes=notes)
+    result = ExportResult(out=shown, event_file=out_path, superseded=superseded, untimed=untimed, notes=notes)
     try:
         tmp.mkdir()
         writer = Writer(os.fspath(tmp))

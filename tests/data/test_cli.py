@@ -118,7 +118,8 @@ def test_synth_into_a_missing_directory_is_a_one_line_error(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"hpctrain data: error: data synth: {tmp_path / 'no'} is not a directory; create it first or choose another OUT"
+        f"hpctrain data: error: data synth: cannot write {tmp_path / 'no' / 'd.h5'}: {tmp_path / 'no'} does not exist; "
+        "create it first or choose another path"
     ]
 
 
@@ -265,3 +266,35 @@ def test_inspect_reports_links_and_virtual_datasets(tmp_path):
     assert rows["ext"]["link"] == "external link to src.h5:x" and rows["v"]["virtual"]
     text = " ".join(info["warnings"])
     assert "gone: dangling external link to nope.h5:x" in text and "absent.h5', which does not exist" in text
+
+
+def test_synth_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path, capsys):
+    import os
+    import stat
+
+    import h5py
+
+    real = tmp_path / "store" / "d.h5"
+    real.parent.mkdir()
+    real.write_bytes(b"old")
+    link = tmp_path / "d.h5"
+    link.symlink_to(real)
+    code, out, err = run_in_process(["synth", str(link), "--samples", "5", "--shape", "4"], capsys)
+    assert code == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    with h5py.File(real, "r") as f:
+        assert f["x"].shape == (5, 4)
+    assert sorted(p.name for p in real.parent.iterdir()) == ["d.h5"]
+    null = tmp_path / "null.h5"
+    null.symlink_to("/dev/null")
+    code, out, err = run_in_process(["synth", str(null), "--samples", "5", "--shape", "4"], capsys)
+    assert code == 0, err
+    assert null.is_symlink() and os.readlink(null) == "/dev/null" and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "null.h5", "store"]
+
+
+def test_synth_under_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    code, out, err = run_in_process(["synth", str(tmp_path / "file" / "d.h5"), "--samples", "5"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f"data synth: cannot write {tmp_path / 'file' / 'd.h5'}: {tmp_path / 'file'} is not a directory" in err
