@@ -47,7 +47,9 @@ from hpctrain._cli import EXIT_OK, add_json_flag, command_parser
 from hpctrain._files import NotReadable, read_bounded
 from hpctrain.errors import CheckpointFormatError, HpctrainError, UsageError
 from hpctrain.ledger import Ledger
-from hpctrain.rundir import JSONL_LIMIT, RunDir, read_json
+from hpctrain.run import attempt_keys, committed_checkpoints, recorded_checkpoint_dir, run_identity
+from hpctrain.run import choose_checkpoint as _choose
+from hpctrain.rundir import JSONL_LIMIT, RunDir
 
 __all__ = [
     "SCHEMA",
@@ -98,51 +100,14 @@ def _iso(t: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def attempt_keys(run: tp.Union[PathLike, RunDir]) -> tp.List[tp.Tuple[str, int]]:
-    """``(job id, restart count)`` of every attempt the ledger knows (start or exit records), oldest first."""
-    paths = run if isinstance(run, RunDir) else RunDir(run)
-    keys: tp.List[tp.Tuple[str, int]] = []
-    for rec in Ledger(paths).records():
-        if rec.get("event") not in ("start", "exit"):
-            continue
-        job, restart = rec.get("job_id"), rec.get("restart_count")
-        if not isinstance(restart, int) or isinstance(restart, bool):
-            continue
-        key = (str(job or ""), restart)
-        if key not in keys:
-            keys.append(key)
-    return keys
-
-
-def run_identity(run: tp.Union[PathLike, RunDir]) -> tp.Tuple[tp.Optional[str], tp.Optional[Path]]:
-    """``(identity, the record it came from)``: the newest attempt record that holds an ``identity``, else the
-    submit record's; ``(None, None)`` when no record holds one (a run from before identity capture)."""
-    paths = run if isinstance(run, RunDir) else RunDir(run)
-    candidates = [paths.identity_attempt(job, restart) for job, restart in reversed(attempt_keys(paths))]
-    for path in [*candidates, paths.identity_submit]:
-        record = read_json(path, [])
-        value = record.get("identity") if record else None
-        if isinstance(value, str) and value:
-            return value, path
-    return None, None
-
-
+# attempt_keys, run_identity and committed_checkpoints are hpctrain.run's (imported above, names kept here)
 def checkpoint_dir(run: tp.Union[PathLike, RunDir]) -> Path:
-    """The run's checkpoint directory: the newest ledger start's ``checkpoint_dir`` (``CheckpointPolicy.dir``
-    may name one outside the run), else :attr:`RunDir.checkpoints`."""
+    """The checkpoint directory the run recorded: the newest ledger start's ``checkpoint_dir``
+    (``CheckpointPolicy.dir`` may name one outside the run), else :attr:`RunDir.checkpoints`. Whether what is
+    there is this run's is :func:`choose_checkpoint`'s question (a moved run names its old path)."""
     paths = run if isinstance(run, RunDir) else RunDir(run)
-    for rec in reversed(Ledger(paths).records("start")):
-        value = rec.get("checkpoint_dir")
-        if isinstance(value, str) and value and "\x00" not in value:
-            return Path(value)
-    return paths.checkpoints
-
-
-def committed_checkpoints(ckpt_dir: PathLike) -> tp.List[tp.Any]:
-    """The committed checkpoints of ``ckpt_dir`` (``hpctrain.ckpt._scan.Entry``, oldest first)."""
-    from hpctrain.ckpt._scan import scan
-
-    return [e for e in scan(ckpt_dir) if e.status == "committed"]
+    value = recorded_checkpoint_dir(Ledger(paths).records("start"))
+    return Path(value) if value is not None else paths.checkpoints
 
 
 def checkpoint_identity(path: PathLike) -> str:
@@ -164,19 +129,13 @@ def is_run_dir(paths: RunDir) -> bool:
     return any(p.exists() for p in (paths.submission, paths.ledger, paths.checkpoints, paths.identity_submit))
 
 
-def choose_checkpoint(paths: RunDir, step: tp.Optional[int]) -> tp.Any:
-    """The committed checkpoint ``step`` (default: the newest) of the run; one UsageError line otherwise."""
-    ckpt_dir = checkpoint_dir(paths)
-    committed = committed_checkpoints(ckpt_dir)
-    if not committed:
-        raise UsageError(f"{paths.root} has no committed checkpoint in {ckpt_dir}: nothing to approve")
-    if step is None:
-        return committed[-1]
-    chosen = [e for e in committed if e.step == step]
-    if not chosen:
-        steps = ", ".join(str(e.step) for e in committed[-10:])
-        raise UsageError(f"--step {step} is not a committed checkpoint in {ckpt_dir} (committed: {steps})")
-    return chosen[-1]
+def choose_checkpoint(
+    paths: RunDir, step: tp.Optional[int], *, checkpoint_dir: tp.Optional[PathLike] = None, what: str = "to approve"
+) -> tp.Any:
+    """The committed checkpoint ``step`` (default: the newest) of the run, from the directory that is its own and
+    only when its manifest belongs to the run (:func:`hpctrain.run.choose_checkpoint`, which this is):
+    a :class:`hpctrain.run.Chosen`; one UsageError line otherwise."""
+    return _choose(paths, step, checkpoint_dir=checkpoint_dir, what=what)
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -324,12 +283,18 @@ def approve(
     by: str,
     reason: str,
     step: tp.Optional[int] = None,
+    checkpoint_dir: tp.Optional[PathLike] = None,
     now: tp.Optional[float] = None,
+    notes: tp.Optional[tp.List[str]] = None,
 ) -> tp.Dict[str, tp.Any]:
     """Append one decision about a committed checkpoint (default: the newest) and return the entry.
 
-    :class:`UsageError` for bad input (not a run, no such committed step, empty text); :class:`HpctrainError`
-    when the existing log does not verify (it is never extended past a broken or edited entry)."""
+    ``checkpoint_dir``: where the run's checkpoints are, when not where it recorded them (a moved run); the
+    checkpoint must belong to the run either way (:func:`hpctrain.run.choose_checkpoint`).
+    :class:`UsageError` for bad input (not a run, no such committed step, another run's checkpoint, empty
+    text); :class:`HpctrainError` when the existing log does not verify (it is never extended past a broken or
+    edited entry). ``notes``, when given, gets what the user should know (a moved run's directory, an ownership
+    that could not be checked), one line each."""
     paths = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     if decision not in DECISIONS:
         raise UsageError(f"--decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
@@ -340,13 +305,13 @@ def approve(
         raise UsageError(f"RUN_DIR {paths.root} is not a directory")
     if not is_run_dir(paths):
         raise UsageError(f"RUN_DIR {paths.root} holds no submission, ledger, checkpoints or identity: not a run")
-    chosen = choose_checkpoint(paths, step)
+    chosen = choose_checkpoint(paths, step, checkpoint_dir=checkpoint_dir)
     try:
         manifest_sha = checkpoint_identity(chosen.path)
     except CheckpointFormatError as exc:
         raise HpctrainError(f"checkpoint step {chosen.step}: {exc}") from None
     identity, source = run_identity(paths)
-    manifest = chosen.manifest or {}
+    manifest = chosen.manifest
     world = manifest.get("world_size")
     path = paths.approvals
     flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -397,6 +362,8 @@ def approve(
             from hpctrain._atomic import fsync_dir
 
             fsync_dir(path.parent)
+        if notes is not None:
+            notes.extend(chosen.notes)
         return entry
     finally:
         os.close(fd)  # closing releases the lock
@@ -462,15 +429,31 @@ def _parser() -> tp.Any:
     p.add_argument("--by", required=True, metavar="NAME", help="who decides (recorded with the login user)")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (one line)")
     p.add_argument("--step", type=int, metavar="N", help="a committed step (default: the newest)")
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="where the run's checkpoints are, when not where it recorded them (a moved run); checked to be its own",
+    )
     add_json_flag(p)
     return p
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     opts = _parser().parse_args(argv)
-    entry = approve(opts.run_dir, decision=opts.decision, by=opts.by, reason=opts.reason, step=opts.step)
+    notes: tp.List[str] = []
+    entry = approve(
+        opts.run_dir,
+        decision=opts.decision,
+        by=opts.by,
+        reason=opts.reason,
+        step=opts.step,
+        checkpoint_dir=opts.checkpoint_dir,
+        notes=notes,
+    )
     if opts.json:
         print(json.dumps(entry, indent=2, sort_keys=True))
+        for note in notes:
+            print(f"hpctrain approve: note: {note}", file=sys.stderr)
         return EXIT_OK
     ident = entry["run_identity"]
     print(
@@ -479,4 +462,6 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         f"{ident[:12] if ident else 'not recorded'})\nentry {entry['entry_hash']} -> {RunDir(opts.run_dir).approvals}",
         file=sys.stdout,
     )
+    for note in notes:
+        print(f"  note: {note}", file=sys.stdout)
     return EXIT_OK

@@ -7,6 +7,7 @@ by hand, which is all ``approve`` reads of them.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import typing as tp
@@ -254,3 +255,23 @@ def test_summary_for_status(run):
     run.approvals.unlink()
     run.approvals.mkdir()  # not even a file: a problem line, no traceback
     assert approvals_summary(run)["problems"] == ["approvals.jsonl: a directory, not a file"]
+
+
+def test_a_moved_run_approves_its_own_checkpoint_never_the_run_now_at_its_old_path(tmp_path, capsys):
+    """Before: a run moved with mv kept naming its old checkpoint directory, and approve recorded the checkpoint
+    of the run that lives there now."""
+    from tests.test_run import THEIRS, commit, moved
+
+    run, old = moved(tmp_path)
+    entry = approve(run, decision="approved", by="a", reason="b")
+    assert entry["checkpoint"]["name"] == "step-000000010" and entry["step"] == 10
+    shutil.rmtree(run.checkpoints)
+    argv = ["approve", str(run.root), "--decision", "approved", "--by", "a", "--reason", "b"]
+    assert hpctrain_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"belongs to run {THEIRS[:12]}" in err and "--checkpoint-dir DIR" in err
+    commit(tmp_path / "moved-ckpts", 20)
+    assert hpctrain_main([*argv, "--checkpoint-dir", str(tmp_path / "moved-ckpts")]) == 0
+    assert "approved step 20" in capsys.readouterr().out
+    entries, problems = verify_chain(run.approvals)
+    assert problems == [] and [e["step"] for e in entries] == [10, 20]

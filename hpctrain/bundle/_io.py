@@ -25,6 +25,8 @@ __all__ = [
     "fsync_tree",
     "rename_noreplace",
     "regular_files",
+    "HashingReader",
+    "archive_compression",
 ]
 
 CHUNK = 4 << 20
@@ -106,6 +108,37 @@ def link_or_copy(src: Path, dst: Path, *, copy: bool = False) -> str:
                 raise
     copy_file(src, dst)
     return "copy"
+
+
+class HashingReader:
+    """A read-only file over ``raw`` that hashes (sha256) and counts what it passes on, and never passes on
+    more than ``limit`` bytes (a member's declared size: a stream that holds more is cut there)."""
+
+    def __init__(self, raw: tp.BinaryIO, *, limit: tp.Optional[int] = None) -> None:
+        self.raw, self.limit, self.size = raw, limit, 0
+        self._sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        if self.limit is not None:
+            left = self.limit - self.size
+            n = left if n is None or n < 0 else min(n, left)
+            if n <= 0:
+                return b""
+        data = self.raw.read(n)
+        self._sha.update(data)
+        self.size += len(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
+
+
+def archive_compression(head: bytes) -> tp.Optional[str]:
+    """``"gzip"``, ``"bzip2"`` or ``"xz"`` for a file starting with ``head`` (its first 6 bytes); None: plain."""
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
 
 
 def regular_files(root: Path) -> tp.Tuple[tp.List[Path], tp.List[Path]]:

@@ -47,6 +47,7 @@ from hpctrain.bundle.attempts import attempts_from_ledger
 from hpctrain.bundle.crate import build_crate, command_line, crate_gaps, iso, preview_html
 from hpctrain.bundle.layout import BUNDLE_SCHEMA, BundleLayout
 from hpctrain.errors import CheckpointFormatError, HpctrainError, UsageError
+from hpctrain.run import nested, ownership, run_self
 from hpctrain.rundir import RunDir, read_json, read_jsonl
 
 __all__ = ["build_bundle", "SELF_LINE", "file_list_text", "hpctrain_url"]
@@ -95,9 +96,13 @@ def build_bundle(
     copy: bool = False,
     license: tp.Optional[str] = None,
     team_url: tp.Optional[str] = None,
+    checkpoint_dir: tp.Optional[tp.Union[str, "os.PathLike[str]"]] = None,
     now: tp.Optional[float] = None,
 ) -> tp.Dict[str, tp.Any]:
-    """Write the bundle of ``run_dir`` at ``out`` and return a summary (what ``--json`` prints)."""
+    """Write the bundle of ``run_dir`` at ``out`` and return a summary (what ``--json`` prints).
+
+    ``checkpoint_dir``: where the run's checkpoints are, when not where it recorded them (a moved run); the
+    bundled checkpoint must belong to the run either way (:func:`hpctrain.run.choose_checkpoint`)."""
     paths = RunDir(run_dir)
     out = Path(out)
     if not paths.root.is_dir():
@@ -106,9 +111,12 @@ def build_bundle(
         raise UsageError(f"RUN_DIR {paths.root} holds no submission, ledger, checkpoints or identity: not a run")
     if os.path.lexists(out):
         raise UsageError(f"-o {out} already exists; a bundle never overwrites: choose a new path")
+    _refuse_nested(out, paths.root, "the run directory")
     if team_url is not None and not team_url.startswith(("https://", "http://")):
         raise UsageError(f"--team-url must be an http(s) URL, got {team_url!r}")
-    chosen = choose_checkpoint(paths, step)
+    _refuse_damaged_identity(paths)
+    chosen = choose_checkpoint(paths, step, checkpoint_dir=checkpoint_dir, what="to bundle")
+    _refuse_nested(out, chosen.dir, "the run's checkpoint directory")
     try:
         source_sha = checkpoint_identity(chosen.path)
     except CheckpointFormatError as exc:
@@ -148,6 +156,29 @@ def build_bundle(
     summary["format"] = "tar" if tar else "directory"
     summary["bytes_on_disk"] = out.stat().st_size if tar else summary["bytes"]
     return summary
+
+
+def _refuse_nested(out: Path, source: Path, what: str) -> None:
+    """One UsageError line when the bundle would be written inside ``source`` or hold it (symlinks resolved)."""
+    how = nested(out, source)
+    if how == "inside":
+        raise UsageError(f"-o {out} is inside {what} {source}: write the bundle outside the run it is made of")
+    if how == "contains":
+        raise UsageError(f"-o {out} contains {what} {source}: write the bundle beside the run, not around it")
+
+
+def _refuse_damaged_identity(paths: RunDir) -> None:
+    """One HpctrainError line when an identity manifest of the run cannot be read (truncated, not JSON): the bundle
+    would carry it and never verify."""
+    for path in [paths.identity_submit, *(paths.identity_attempt(*k) for k in attempt_keys(paths))]:
+        problems: tp.List[str] = []
+        read_json(path, problems)
+        if problems:
+            why = problems[0].split(": ", 1)[-1].removesuffix("; ignored")
+            raise HpctrainError(
+                f"identity manifest {path} is damaged ({why}): a bundle of it would not verify; restore it, or move "
+                "it aside (keep it: it is evidence) to bundle the run without it"
+            )
 
 
 def _newest_identity(
@@ -276,6 +307,10 @@ def _build_tree(
         raise HpctrainError(f"the bundled checkpoint of step {chosen.step} does not verify: {exc}") from None
     if bundled_sha != source_sha:
         raise HpctrainError(f"checkpoint step {chosen.step} changed while it was bundled (re-saved?); try again")
+    owned = ownership(manifest, run_self(paths), chosen.path)  # the copy's own manifest: what the bundle holds
+    if not owned.belongs:
+        raise UsageError(f"{owned.why}; pass --checkpoint-dir DIR to name this run's checkpoints")
+    notes += chosen.notes
 
     # --- attempts, approvals
     # from the bundled copies, so that the record describes exactly what the bundle holds (a live run moves on)
@@ -291,6 +326,9 @@ def _build_tree(
     owner = records.ownership(newest)
     if team_url:
         owner["team_url"] = team_url
+    config = submission.get("config") if isinstance(submission.get("config"), dict) else {}
+    if isinstance(config.get("account"), str):  # the crate's organisation when no team is recorded
+        owner["account"] = config["account"]
     user = _user()
     record: tp.Dict[str, tp.Any] = {
         "schema": BUNDLE_SCHEMA,
@@ -308,6 +346,11 @@ def _build_tree(
             "world_size": manifest.get("world_size"),
             "link": "copied into the tar" if tar else link,
             "source": str(chosen.path.resolve()),
+            "source_dir": chosen.how,
+            "run_identity": chosen.identity,
+            "ownership": "checked: its manifest's run identity or job id is this run's"
+            if owned.checked
+            else "not checked: " + owned.why,
         },
         "run_identity": run_identity,
         "run_identity_source": newest_src,

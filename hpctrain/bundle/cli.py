@@ -10,6 +10,7 @@ import sys
 import typing as tp
 
 from hpctrain._cli import EXIT_FAILED, EXIT_OK, add_json_flag, command_parser
+from hpctrain._output import check_output_parent
 
 __all__ = ["main", "render_report"]
 
@@ -19,6 +20,7 @@ environment lock, data fingerprint, one committed checkpoint, metrics, ledger, a
 with a sha256 of every file), or verify one:
 
   python -m hpctrain bundle RUN_DIR -o OUT [--step N] [--tar] [--copy] [--license SPDX] [--team-url URL]
+      [--checkpoint-dir DIR]
   python -m hpctrain bundle verify BUNDLE [--json]
 
 (a run directory literally named "verify" is given as ./verify)"""
@@ -37,6 +39,11 @@ def _build_parser() -> tp.Any:
         help="the bundle's license (default: none stated; the crate names the owner to ask)",
     )
     p.add_argument("--team-url", metavar="URL", help="the owner's team's web page (the crate's organisation)")
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="where the run's checkpoints are, when not where it recorded them (a moved run); checked to be its own",
+    )
     add_json_flag(p)
     return p
 
@@ -61,6 +68,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
             render_report(report)
         return EXIT_OK if report["ok"] else EXIT_FAILED
     opts = _build_parser().parse_args(args)
+    # -o: a parent that is a file is one line here (the build creates missing parents; OUT itself must not exist)
+    check_output_parent(opts.out, parents=True)
     from hpctrain.bundle.build import build_bundle
 
     summary = build_bundle(
@@ -71,6 +80,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         copy=opts.copy,
         license=opts.license,
         team_url=opts.team_url,
+        checkpoint_dir=opts.checkpoint_dir,
     )
     if opts.json:
         print(json.dumps(summary, indent=2, sort_keys=True))

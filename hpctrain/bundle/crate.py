@@ -44,6 +44,7 @@ WFRUN_ENVIRONMENT = "https://w3id.org/ro/terms/workflow-run#environment"
 COMPLETED = "http://schema.org/CompletedActionStatus"
 FAILED = "http://schema.org/FailedActionStatus"
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+_HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
 
 _FORMATS = {
     ".json": "application/json",
@@ -137,14 +138,19 @@ def build_crate(
     person: tp.Dict[str, tp.Any] = {"@id": owner_id, "@type": "Person", "name": owner_name}
     team = owner.get("team")
     team_url = owner.get("team_url") or http_url(code_repo(identity).get("remote_url"))
-    org: tp.Optional[tp.Dict[str, tp.Any]] = None
     if team or team_url:
-        org = {"@id": "#team", "@type": "Organization", "name": team or "the owner's team (name not recorded)"}
+        org: tp.Dict[str, tp.Any] = {
+            "@id": "#team",
+            "@type": "Organization",
+            "name": team or "the owner's team (name not recorded)",
+        }
         if team_url:
             org["url"] = team_url
         if not owner.get("team_url") and team_url:
             org["description"] = "url: the run's code repository (no team URL was recorded)"
-        person["affiliation"] = _ref("#team")
+    else:
+        org = derived_organisation(owner, identity, attempt_identity, record)
+    person["affiliation"] = _ref(org["@id"])
     if license:
         lic_id = license if "://" in license else f"https://spdx.org/licenses/{license}"
         lic = {"@id": lic_id, "@type": "CreativeWork", "name": license.rsplit("/", 1)[-1], "identifier": license}
@@ -407,15 +413,14 @@ def build_crate(
     }
     if identity_hash:
         root["identifier"] = f"hpctrain-run-identity:{identity_hash}"
-    if org is not None:
-        root["publisher"] = _ref("#team")
+    root["publisher"] = _ref(org["@id"])
     graph = [
         {"@id": "ro-crate-metadata.json", "@type": "CreativeWork", "conformsTo": _ref(RO_CRATE), "about": _ref("./")},
         root,
         {"@id": PROFILE, "@type": "CreativeWork", "name": "Process Run Crate", "version": "0.5"},
         lic,
         person,
-        *([org] if org else []),
+        org,
         *software,
         *entities.values(),
         ckpt_entity,
@@ -426,17 +431,94 @@ def build_crate(
     return {"@context": [f"{RO_CRATE}/context", {"environment": WFRUN_ENVIRONMENT}], "@graph": graph}
 
 
+DERIVED_ORG = "#organisation"
+"""The id of an organisation the crate derived (no team recorded): the site, the Slurm account, or a placeholder."""
+
+
+def _first(values: tp.Iterable[tp.Any], limit: int = 200) -> tp.Optional[str]:
+    for v in values:
+        if isinstance(v, str) and v.strip() and len(v) <= limit and not re.search(r"[\x00-\x1f\x7f]", v):
+            return v.strip()
+    return None
+
+
+def _host_domain(
+    identity: tp.Optional[tp.Mapping[str, tp.Any]], records: tp.Sequence[tp.Mapping[str, tp.Any]], bundled_on: tp.Any
+) -> tp.Tuple[tp.Optional[str], tp.Optional[str]]:
+    """``(host, domain)``: the first recorded host name with a domain (the attempts' nodes, then where the bundle
+    was written), else the first recorded host name and no domain."""
+    hosts: tp.List[tp.Any] = []
+    for r in records:
+        runtime = r.get("runtime") if isinstance(r.get("runtime"), dict) else {}
+        names = runtime.get("hostnames") if isinstance(runtime.get("hostnames"), list) else []
+        hosts += [runtime.get("host"), *names]
+    hosts.append(bundled_on)
+    named = [h.strip(".").lower() for h in hosts if isinstance(h, str) and _HOST.match(h.strip("."))]
+    host = next((h for h in named if "." in h), named[0] if named else None)
+    return host, (host.split(".", 1)[1] if host and "." in host else None)
+
+
+def derived_organisation(
+    owner: tp.Mapping[str, tp.Optional[str]],
+    identity: tp.Optional[tp.Mapping[str, tp.Any]],
+    attempt_identity: tp.Mapping[tp.Tuple[str, int], tp.Mapping[str, tp.Any]],
+    record: tp.Mapping[str, tp.Any],
+) -> tp.Dict[str, tp.Any]:
+    """The crate's organisation when the run records no team: the site (the Slurm cluster name its attempts
+    recorded, ``SLURM_CLUSTER_NAME``), else the Slurm account the job was charged to (``--account``,
+    ``SLURM_JOB_ACCOUNT``), else a placeholder named after the host domain. Its ``url`` is a ``urn:`` that
+    locates nothing. Its description says where both came
+    from: roc-validator's recommended level asks for a publisher, an author affiliation and an organisation URL,
+    and a crate must not pass off a guess as the owner's team."""
+    records = [*reversed(list(attempt_identity.values())), *([identity] if identity else [])]
+    envs = [slurm_environment(r) for r in records]
+    created_by = record.get("created_by") if isinstance(record.get("created_by"), dict) else {}
+    host, domain = _host_domain(identity, records, created_by.get("host"))
+    cluster = _first(e.get("SLURM_CLUSTER_NAME") for e in envs)
+    account = _first([owner.get("account"), *(e.get("SLURM_JOB_ACCOUNT") for e in envs)])
+    if cluster:
+        name = f"Slurm cluster {cluster}"
+        source = (
+            f"the site that ran the job: the Slurm cluster name its attempts recorded (SLURM_CLUSTER_NAME={cluster})"
+        )
+        slug = f"slurm-cluster:{cluster}"
+    elif account:
+        name = f"Slurm account {account}"
+        source = f"the Slurm account the job was charged to ({account}; the run recorded no cluster name)"
+        slug = f"slurm-account:{account}"
+    else:
+        where = domain or host or "an unrecorded host"
+        name = f"Unknown organisation at {where} (placeholder)"
+        source = (
+            f"a placeholder, not a recorded organisation: derived from the host {host or '(not recorded)'} the run "
+            "was recorded on, because the run recorded no team, Slurm cluster name or account"
+        )
+        slug = f"host:{where}"
+    # A urn, never a web address guessed from the host domain: a provenance record says what it knows, and a
+    # guessed https URL would read as a checked one.
+    url = "urn:hpctrain:organisation:" + _SAFE_ID.sub("_", slug.replace(":", "-"))
+    how_url = "url: a urn that names the source and locates nothing (no team URL was given)"
+    return {
+        "@id": DERIVED_ORG,
+        "@type": "Organization",
+        "name": name,
+        "url": url,
+        "description": f"Organisation derived by hpctrain bundle, since the run recorded no team: {source}; {how_url}. "
+        "Give submit --team NAME and bundle --team-url URL to name the owner's team instead.",
+    }
+
+
 def crate_gaps(crate: tp.Mapping[str, tp.Any]) -> tp.List[str]:
-    """What the crate lacks for roc-validator's recommended level that only the user can supply."""
+    """What the crate lacks that only the user can supply (it passes roc-validator's recommended level without)."""
     gaps = []
     for e in crate["@graph"]:
-        if e.get("@type") == "Person" and "affiliation" not in e:
+        if e.get("@type") == "Organization" and e.get("@id") == DERIVED_ORG:
             gaps.append(
-                "the run records no team and its code no web remote: the crate's author has no organisation, which "
-                "roc-validator's recommended level reports; give --team-url URL (and submit --team NAME)"
+                f"the run records no team: the crate's organisation is {e.get('name')}, derived from what the run "
+                "knows; give --team-url URL (and submit --team NAME) to name the owner's team"
             )
-        if e.get("@type") == "Organization" and "url" not in e:
-            gaps.append("the team has no URL, which roc-validator's recommended level reports; give --team-url URL")
+        elif e.get("@type") == "Organization" and "url" not in e:
+            gaps.append("the team has no URL: give --team-url URL for the crate's organisation")
     return gaps
 
 

@@ -31,9 +31,12 @@ from pathlib import Path
 
 from hpctrain.rundir import RunDir  # the run's own file names, kept in the bundle's run/ folder
 
-__all__ = ["BundleLayout", "BUNDLE_SCHEMA"]
+__all__ = ["BundleLayout", "BUNDLE_SCHEMA", "ARCHIVE_SUFFIXES"]
 
 BUNDLE_SCHEMA = "hpctrain.bundle/1"
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+"""Names of a bundle written as one archive (``bundle --tar`` writes a plain ``.tar``; the others are a user's
+compressed copy of one: ``bundle verify`` and ``reproduce`` stream them all)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 

@@ -43,37 +43,28 @@ class Opened:
             self.scratch = None
 
 
-def open_bundle(path: Path, scratch_parent: tp.Optional[Path] = None) -> Opened:
-    """Verify ``path`` (a bundle directory or its tar, unpacked into a scratch directory in ``scratch_parent``,
-    else the system's temporary directory) and read its record.
+def open_bundle(path: Path, scratch_parent: tp.Optional[Path] = None, *, checkpoint: bool = True) -> Opened:
+    """Verify ``path`` (a bundle directory or its tar, streamed: nothing is unpacked before it verifies) and read
+    its record. A tar that verified is then unpacked into a private scratch directory in ``scratch_parent`` (else
+    the system's temporary directory): every member but, without ``checkpoint``, the checkpoint's files, each
+    checked against the verified file list as it is written.
     UsageError when it is not a bundle; HpctrainError naming the first failed check."""
-    from hpctrain.bundle.verify import _extract, verify_bundle
+    from hpctrain.bundle.verify import extract_verified, verify_bundle
 
     if not os.path.lexists(path):
         raise UsageError(f"BUNDLE {path} does not exist")
     scratch = None
-    if path.is_dir():
-        root = path
-        report = verify_bundle(path)
-    elif path.is_file():
+    root = path
+    report = verify_bundle(path)  # a directory, or a tar streamed; UsageError when it is neither
+    if not path.is_dir() and report["ok"]:
         where = scratch_parent if scratch_parent is not None and scratch_parent.is_dir() else None
         scratch = Path(tempfile.mkdtemp(prefix=".hpctrain-reproduce-", dir=where))
         try:
-            top, problems = _extract(path, scratch)
-            if top is None:
-                raise UsageError(f"BUNDLE {path}: " + (problems[0] if problems else "not a bundle or its tar"))
-            report = verify_bundle(top)
+            keep = (lambda rel: True) if checkpoint else (lambda rel: not rel.startswith(BundleLayout.CHECKPOINT + "/"))
+            root = extract_verified(path, scratch, report, include=keep)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-        root = top
-        if problems:
-            report["ok"] = False
-            report["checks"][0]["ok"] = False
-            report["checks"][0]["problems"][:0] = problems
-        report.update(bundle=str(path), format="tar")
-    else:
-        raise UsageError(f"BUNDLE {path} is neither a directory nor a tar file")
     opened = Opened(shown=path, root=root, report=report, record={}, scratch=scratch)
     if not report["ok"]:
         opened.close()

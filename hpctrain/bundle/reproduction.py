@@ -23,8 +23,9 @@ from pathlib import Path
 from hpctrain._cli import EXIT_FAILED, EXIT_OK
 from hpctrain.bundle import inputs, rebuild
 from hpctrain.bundle.comparison import RECORD, RECORD_SCHEMA, _title, compare_run
-from hpctrain.bundle.resubmit import SUBMIT_TOML, _entry_visible, _new_run_dir, _submit_flags, _toml
+from hpctrain.bundle.resubmit import SUBMIT_TOML, _entry_visible, _new_run_dir, _submit_flags, _toml, refuse_nested
 from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.run import recorded_checkpoint_dir
 from hpctrain.rundir import JSONL_LIMIT, RunDir, read_json, read_jsonl
 
 __all__ = ["Reproduction"]
@@ -66,9 +67,11 @@ class Reproduction:
         opts = self.opts
         bundle = Path(opts.bundle).expanduser().absolute()
         data = inputs.absolute(opts.data)
+        if opts.run_dir:  # before anything is read or unpacked: never a run inside the bundle
+            refuse_nested(Path(opts.run_dir).expanduser().absolute(), bundle)
         # a tar is unpacked beside the new run, where its checkpoint can be hard-linked from
         parent = Path(opts.run_dir).expanduser().absolute().parent if opts.run_dir else Path.cwd() / "runs"
-        opened = rebuild.open_bundle(bundle, parent)
+        opened = rebuild.open_bundle(bundle, parent, checkpoint=opts.from_checkpoint or opts.steps is not None)
         try:
             return self._run(opened, data)
         finally:
@@ -97,7 +100,8 @@ class Reproduction:
             raise HpctrainError(f"{lay.rel(lay.submission)}: no submitted config with an entry; cannot resubmit")
         ident = rebuild.identity_source(opened)
         cfg_values = {k: v for k, v in config.items() if k in SubmitConfig.__dataclass_fields__}
-        new_run = _new_run_dir(opts, str(self.submit_values.get("job_name") or cfg_values.get("job_name") or "run"))
+        job_name = str(self.submit_values.get("job_name") or cfg_values.get("job_name") or "run")
+        new_run = _new_run_dir(opts, job_name, Path(self.opts.bundle).expanduser().absolute())
         paths = RunDir(new_run)
         self._settings(opened, cfg_values, [str(a) for a in config.get("entry_args") or []], new_run)  # bad flags
 
@@ -368,18 +372,25 @@ class Reproduction:
     def _checkpoint_dir(
         self, opened: rebuild.Opened, old_run: tp.Optional[str], paths: RunDir, args: tp.List[str], cwd: tp.Any
     ) -> tp.Tuple[Path, tp.List[str], tp.List[tp.Dict[str, str]]]:
-        """Where the new run's Trainer keeps its checkpoints: the recorded directory (the ledger's) moved into the
-        new run when it lay inside the old one; one outside it (``CheckpointPolicy.dir``) is replaced by the new
-        run's default where an entry argument names it, and refused otherwise (the reproduction would share the
-        original's checkpoints). ``(directory, arguments, rewrites)``."""
+        """Where the new run's Trainer keeps its checkpoints: the run's checkpoint directory moved into the new run
+        when it lay inside the run: the directory the bundled checkpoint was taken from, inside the run directory it
+        was bundled from (``bundle`` checked it is the run's own: :func:`hpctrain.run.choose_checkpoint`), else
+        the recorded one (the ledger's, :func:`hpctrain.run.recorded_checkpoint_dir`) inside the submitted run
+        directory. One outside it (``CheckpointPolicy.dir``) is replaced by the new run's default where an entry
+        argument names it, and refused otherwise (the reproduction would share the original's checkpoints).
+        ``(directory, arguments, rewrites)``."""
         ledger, _ = read_jsonl(opened.layout.ledger, limit=JSONL_LIMIT)
-        dirs = [r.get("checkpoint_dir") for r in ledger if r.get("event") == "start"]
-        recorded = next((d for d in reversed(dirs) if isinstance(d, str) and d), None)
+        recorded = recorded_checkpoint_dir(ledger)
+        ck = opened.record.get("checkpoint") if isinstance(opened.record.get("checkpoint"), dict) else {}
+        source, source_run = ck.get("source"), opened.record.get("source_run")
+        source_dir = os.path.dirname(os.path.normpath(source)) if isinstance(source, str) and source else None
+        for base, where in ((source_run, source_dir), (old_run, recorded)):
+            if isinstance(base, str) and base and where:
+                rel = os.path.relpath(os.path.normpath(where), os.path.normpath(base))
+                if not rel.startswith("..") and rel != ".":
+                    return paths.root / rel, args, []
         if recorded is None or old_run is None:
             return paths.checkpoints, args, []
-        rel = os.path.relpath(os.path.normpath(recorded), os.path.normpath(old_run))
-        if not rel.startswith(".."):
-            return paths.root / rel, args, []
         args, done = inputs.rewrite_args(
             args,
             {recorded: str(paths.checkpoints)},

@@ -20,7 +20,6 @@ __all__ = ["SUBMIT_TOML"]
 SUBMIT_TOML = "submit.toml"
 """The recorded settings as given to ``hpctrain.submit --config`` (flags given to reproduce override them)."""
 _NOT_PASSED = {"entry", "resume", "config", "run_dir", "require_clean"}  # submit flags reproduce owns or refuses
-_RUN_KEYS = ("owner", "team", "notes", "require_clean")
 
 
 def _submit_flags(ns: argparse.Namespace) -> tp.Tuple[tp.List[str], tp.Dict[str, tp.Any]]:
@@ -54,23 +53,44 @@ def _toml_value(value: tp.Any) -> str:
 
 
 def _toml(config: tp.Mapping[str, tp.Any], entry: str, args: tp.Sequence[str], notes: str, code_path: str) -> str:
-    from hpctrain.submit.config import SubmitConfig
+    from hpctrain.submit.config import RUN_KEYS, SubmitConfig
 
     fields = {f for f in SubmitConfig.__dataclass_fields__}
     job = {
         k: v
         for k, v in config.items()
-        if k in fields and k not in ("entry", "entry_args", "run_dir", "code_path", *_RUN_KEYS) and v is not None
+        if k in fields and k not in ("entry", "entry_args", "run_dir", "code_path", *RUN_KEYS) and v is not None
     }
     job["code_path"] = code_path
     lines = ["# written by python -m hpctrain reproduce: the recorded settings (flags given to it override them)"]
     lines += ["[job]"] + [f"{k} = {_toml_value(v)}" for k, v in sorted(job.items())]
     lines += ["", "[train]", f"entry = {_toml_value(entry)}", f"args = {_toml_value(list(args))}"]
-    lines += ["", "[run]", f"notes = {_toml_value(notes)}", ""]
+    # the deny-list of files never stored travels with the run; who and why are the reproducer's (notes below)
+    patterns = config.get("secret_patterns")
+    lines += ["", "[run]", f"notes = {_toml_value(notes)}"]
+    lines += [f"secret_patterns = {_toml_value(list(patterns))}"] if patterns else []
+    lines += [""]
     return "\n".join(lines)
 
 
-def _new_run_dir(opts: argparse.Namespace, job_name: str) -> Path:
+def refuse_nested(run_dir: Path, bundle: Path) -> None:
+    """One UsageError line when the new run directory would lie inside the bundle (a run writes its records and
+    checkpoints there: the bundle would no longer verify) or hold it, symlinks resolved."""
+    from hpctrain.run import nested
+
+    how = nested(run_dir, bundle)
+    if how == "inside":
+        raise UsageError(
+            f"--run-dir {run_dir} is inside the bundle {bundle}: the reproduction would write into it (and it would "
+            "no longer verify); choose a run directory outside the bundle"
+        )
+    if how == "contains":
+        raise UsageError(
+            f"--run-dir {run_dir} contains the bundle {bundle}: choose a new run directory beside the bundle"
+        )
+
+
+def _new_run_dir(opts: argparse.Namespace, job_name: str, bundle: tp.Optional[Path] = None) -> Path:
     from hpctrain.submit import backend
     from hpctrain.submit.config import SubmitConfig
 
@@ -78,6 +98,8 @@ def _new_run_dir(opts: argparse.Namespace, job_name: str) -> Path:
         path = Path(opts.run_dir).expanduser().absolute()
     else:
         path = backend.default_run_dir(SubmitConfig(job_name=f"{job_name}-reproduce")).absolute()
+    if bundle is not None:
+        refuse_nested(path, bundle)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UsageError(f"--run-dir {path} exists and is not empty; a reproduction goes into a new directory")
     return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -266,3 +267,108 @@ def test_login_path_never_imports_torch(bundle, demo_run, tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _as_another_run(ckpt_dir: Path, identity: str) -> None:
+    """Make the checkpoints another run's: their manifests carry another run identity (nothing else changes)."""
+    for m in ckpt_dir.glob("step-*/MANIFEST.json"):
+        doc = json.loads(m.read_text())
+        doc["identity"] = identity
+        m.unlink()  # a hard link of the demo's: write a new file, never through the link
+        m.write_text(json.dumps(doc))
+
+
+def _moved_demo(demo_run, tmp_path: Path):
+    """The demo run moved with mv from old/ to new/ (its ledger names old/checkpoints still); another run at old/."""
+    new = tmp_path / "new"
+    shutil.copytree(demo_run.root, new)
+    old = tmp_path / "old"
+    lines = [json.loads(line) for line in (new / "train/ledger.jsonl").read_text().splitlines()]
+    for rec in lines:
+        if rec.get("checkpoint_dir"):
+            rec["checkpoint_dir"] = str(old / "checkpoints")
+    (new / "train/ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    shutil.copytree(demo_run.root, old)
+    _as_another_run(old / "checkpoints", "f" * 64)
+    return new, old
+
+
+def test_a_moved_run_bundles_its_own_checkpoint_never_the_run_now_at_its_old_path(demo_run, tmp_path, capsys):
+    """Before: bundle packed the checkpoint of the run now at the recorded path, and verify passed."""
+    new, old = _moved_demo(demo_run, tmp_path)
+    summary = build_bundle(new, tmp_path / "b")
+    assert verify_bundle(tmp_path / "b")["ok"]
+    ck = summary["checkpoint"]
+    assert ck["source"] == str((new / "checkpoints/step-000000006").resolve()) and ck["source_dir"] == "run directory"
+    assert ck["run_identity"] != "f" * 64 and ck["ownership"].startswith("checked")
+    assert any("belongs to run ffffffffffff" in n for n in summary["notes"])
+    # only the other run's checkpoints left: refused in one line, nothing written; --checkpoint-dir names ours
+    shutil.move(str(new / "checkpoints"), tmp_path / "ours")
+    assert hpctrain_main(["bundle", str(new), "-o", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "belongs to run ffffffffffff" in err and "--checkpoint-dir DIR" in err
+    assert not (tmp_path / "c").exists()
+    argv = ["bundle", str(new), "-o", str(tmp_path / "c"), "--checkpoint-dir", str(tmp_path / "ours")]
+    assert hpctrain_main(argv) == 0 and verify_bundle(tmp_path / "c")["ok"]
+    assert (
+        hpctrain_main(["bundle", str(new), "-o", str(tmp_path / "d"), "--checkpoint-dir", str(old / "checkpoints")])
+        == 2
+    )
+    assert "belongs to run ffffffffffff" in capsys.readouterr().err
+
+
+def test_out_inside_the_run_or_around_it_is_refused_and_nothing_is_written(run_copy, tmp_path, capsys):
+    (tmp_path / "link").symlink_to(run_copy.root)
+    before = sorted(p.relative_to(run_copy.root) for p in run_copy.root.rglob("*"))
+    for out, what in (
+        (run_copy.root / "bundle", "is inside the run directory"),
+        (tmp_path / "link" / "deeper" / "bundle", "is inside the run directory"),
+        (run_copy.checkpoints / "bundle", "is inside the run directory"),
+    ):
+        assert hpctrain_main(["bundle", str(run_copy.root), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and what in err, err
+    assert sorted(p.relative_to(run_copy.root) for p in run_copy.root.rglob("*")) == before
+    # a checkpoint directory outside the run: the bundle is not written into it either
+    outside = tmp_path / "ckpts"
+    shutil.move(str(run_copy.checkpoints), outside)
+    argv = ["bundle", str(run_copy.root), "--checkpoint-dir", str(outside), "-o", str(outside / "b")]
+    assert hpctrain_main(argv) == 2 and "is inside the run's checkpoint directory" in capsys.readouterr().err
+    assert not (outside / "b").exists() and not list(outside.glob(".b.tmp-*"))
+
+
+def test_a_format_1_identity_is_a_named_warning_not_a_silent_pass(bundle):
+    """Issue 28 group 3: records from before the snapshot binding verify, and the report says what is weaker."""
+    report = verify_bundle(bundle)
+    identity = next(c for c in report["checks"] if c["check"] == "identity")
+    assert report["ok"] and identity["ok"]
+    (warning,) = [w for w in identity["warnings"] if "format 1" in w]
+    assert (
+        "identity/submit.json" in warning and "code/snapshot.tar.gz is checked against its recorded sha256" in warning
+    )
+
+
+def test_a_compressed_bundle_tar_is_streamed_not_unpacked(bundle, tmp_path, monkeypatch):
+    """Issue 28 group 6: a .tar.gz verifies without unpacking it; a member over its recorded size is refused at its
+    header; nothing is written beside the archive and the scratch is the records alone."""
+    out = tmp_path / "b.tar.gz"
+    with tarfile.open(out, "w:gz") as tf:
+        tf.add(str(bundle), arcname="b")
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(private))
+    report = verify_bundle(out)
+    assert report["ok"] and report["format"] == "tar", _problems(report)
+    shards = sum(f.stat().st_size for f in (bundle / "checkpoint").rglob("*.shard"))
+    assert report["archive"]["scratch_bytes"] < sum(f.stat().st_size for f in regular_files(bundle)[0]) - shards
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tar.gz", "tmp"] and not any(private.iterdir())
+    grown = tmp_path / "grown.tar.gz"
+    with tarfile.open(out) as src, tarfile.open(grown, "w:gz") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read() if m.isreg() else None
+            if m.name == "b/run/metrics.jsonl":
+                data += b"\n" * 100_000
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if data is not None else None)
+    problems = _problems(verify_bundle(grown))
+    assert any(p.startswith("run/metrics.jsonl: ") and "the bundle recorded" in p for p in problems), problems

@@ -251,6 +251,29 @@ def test_bad_input_is_one_line_before_any_work(original, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_run_dir_inside_the_bundle_or_around_it_is_refused_and_nothing_is_written(original, tmp_path):
+    """Before: --run-dir inside the bundle wrote the run into it, and the bundle no longer verified."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(original["bundle"], bundle)
+    before = sorted(p.relative_to(bundle) for p in bundle.rglob("*"))
+    (tmp_path / "link").symlink_to(bundle)  # the same bundle through a symlink
+    (tmp_path / "around").mkdir()
+    for run_dir, what in (
+        (bundle / "again", "is inside the bundle"),
+        (tmp_path / "link" / "nested" / "again", "is inside the bundle"),
+        (bundle, "is inside the bundle"),
+        (tmp_path, "contains the bundle"),
+    ):
+        got = hpctrain("reproduce", str(bundle), "--data", str(original["data"]), "--run-dir", str(run_dir))
+        assert got.returncode == 2, got.stdout + got.stderr
+        (line,) = got.stderr.strip().splitlines()
+        assert line.startswith("hpctrain reproduce: error: --run-dir ") and what in line, line
+    assert sorted(p.relative_to(bundle) for p in bundle.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["around", "bundle", "link"]
+    got = hpctrain("bundle", "verify", str(bundle))
+    assert got.returncode == 0, got.stdout[-2000:]
+
+
 def test_a_tar_bundle_dry_run_rebuilds_the_code_and_writes_nothing(original, tmp_path):
     run = tmp_path / "dry"
     got = hpctrain(
@@ -371,3 +394,46 @@ def test_loss_comparison_rows():
     assert not off["ok"] and off["differ"] == 1 and off["missing"] == 1 and off["not_comparable"] == 1
     assert compare(expected, {10: {"steps": 5, "loss": 1.25}, 15: {"loss": None}, 20: {"loss": 1.0000001}},
                    tolerance=1e-6)["ok"]  # fmt: skip
+
+
+def test_an_edited_code_snapshot_with_its_hashes_fixed_up_is_refused(original, tmp_path):
+    """Issue 28 group 3: a committed file edited inside the snapshot, the snapshot's sha256 fixed in the identity
+    records and MANIFEST.sha256: verify fails naming the snapshot, reproduce refuses in one line, submits nothing."""
+    import hashlib
+
+    from hpctrain.bundle.build import file_list_text
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(original["bundle"], bundle)
+    assert not any(
+        "format 1" in w for c in json.loads(hpctrain("bundle", "verify", str(bundle), "--json").stdout)["checks"]
+        for w in c["warnings"]
+    )  # fmt: skip
+    snap = bundle / "code" / "snapshot.tar.gz"
+    buf = io.BytesIO()
+    with tarfile.open(snap, "r:gz") as src, tarfile.open(fileobj=buf, mode="w:gz") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read() if m.isreg() else None
+            if m.name == "entry/tree/mymod.py":  # the committed file, as git archive holds it
+                data = data.replace(b'LR = "0.5"', b'LR = "5.0"')
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if data is not None else None)
+    snap.write_bytes(buf.getvalue())
+    sha = hashlib.sha256(buf.getvalue()).hexdigest()
+    for rec in (bundle / "identity").glob("*.json"):
+        doc = json.loads(rec.read_text())
+        if isinstance((doc.get("code") or {}).get("snapshot"), dict):
+            doc["code"]["snapshot"]["sha256"] = sha
+            rec.write_text(json.dumps(doc))
+    files = sorted(p for p in bundle.rglob("*") if p.is_file() and p.name != "MANIFEST.sha256")
+    entries = [(p.relative_to(bundle).as_posix(), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
+    (bundle / "MANIFEST.sha256").write_text(file_list_text(entries))
+    got = hpctrain("bundle", "verify", str(bundle), "--json")
+    assert got.returncode == 1
+    problems = [p for c in json.loads(got.stdout)["checks"] for p in c["problems"]]
+    assert any(p.startswith("code/snapshot.tar.gz: its content hashes to") for p in problems), problems
+    got = hpctrain("reproduce", str(bundle), "--data", str(original["data"]), "--run-dir", str(tmp_path / "r"))
+    assert got.returncode == 1
+    (line,) = got.stderr.strip().splitlines()
+    assert "does not verify: identity: code/snapshot.tar.gz: its content hashes to" in line
+    assert not (tmp_path / "r").exists() and not list(tmp_path.glob(".hpctrain-reproduce-*"))
