@@ -22,7 +22,7 @@ def save(
     gdir: str,
     ldir: str,
     steps: tp.Sequence[int],
-    identity: str = "id-A",
+    identity: tp.Union[str, tp.Sequence[str]] = "id-A",
     fault_at: tp.Optional[int] = None,
     fault: str = "",
     blocking: bool = True,
@@ -31,7 +31,7 @@ def save(
 ) -> tp.List[tp.Tuple[int, str]]:
     """Save each step (state built with seed=step) with ``tier="auto"``; return (step, tier) per save; arm
     ``HPCTRAIN_CKPT_FAULT`` for step ``fault_at``. Errors of failed local saves are logged, not raised."""
-    ck = _ck(gdir, ldir, identity, **{**kw, **(opts or {})})
+    ck = _ck(gdir, ldir, _mine(identity, rank), **{**kw, **(opts or {})})
     out = []
     for s in steps:
         model, opt, sched = build(seed=s)
@@ -56,11 +56,18 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def restore(rank: int, world: int, gdir: str, ldir: str, identity: str = "id-A", **kw: tp.Any) -> tp.Dict[str, tp.Any]:
+def _mine(identity: tp.Union[str, tp.Sequence[str]], rank: int) -> str:
+    """The run identity of ``rank``: one for all, or one per rank (the Trainer's: rank 0's, "" elsewhere)."""
+    return identity if isinstance(identity, str) else identity[rank]
+
+
+def restore(
+    rank: int, world: int, gdir: str, ldir: str, identity: tp.Union[str, tp.Sequence[str]] = "id-A", **kw: tp.Any
+) -> tp.Dict[str, tp.Any]:
     """Restore into fresh objects: the step, tier, newest global step, state hash and the log lines."""
     lines = _Lines()
     logging.getLogger("hpctrain.ckpt").addHandler(lines)
-    ck = _ck(gdir, ldir, identity, **kw)
+    ck = _ck(gdir, ldir, _mine(identity, rank), **kw)
     model, opt, sched = build(seed=999, steps=0)
     res = ck.restore(model=model, optimizer=opt, scheduler=sched)
     sent = ck.local.sent_bytes if ck.local is not None else 0
@@ -79,12 +86,74 @@ def restore(rank: int, world: int, gdir: str, ldir: str, identity: str = "id-A",
     }
 
 
-def _apply(op: tp.Tuple[str, str]) -> None:
+def _replace(path: tp.Any) -> None:
+    """Remove whatever is at ``path`` (a file, a link, a directory), never following a link."""
+    import shutil
+
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _apply(op: tp.Sequence[tp.Any]) -> None:
+    """One damage: ``(what, path[, arg])``, applied by rank 0 while the other ranks wait."""
+    import json
+    import random
     import shutil
     from pathlib import Path
 
-    what, path = op
-    if what == "rmtree":
+    what, path = op[0], op[1]
+    arg = op[2] if len(op) > 2 else None
+    p = Path(path)
+    if what == "garbage":  # random bytes of the file's size (at least 64)
+        size = max(p.stat().st_size if p.is_file() else 0, 64)
+        data = random.Random(str(p)).randbytes(size)
+        _replace(p)
+        p.write_bytes(data)
+    elif what == "bytes":  # exactly these bytes
+        _replace(p)
+        p.write_bytes(arg)
+    elif what == "truncate_to":
+        os.truncate(p, arg if arg >= 0 else p.stat().st_size // 2)
+    elif what == "grow_to":  # sparse: a huge file without the disk
+        os.truncate(p, arg)
+    elif what == "flip_at":  # (offset, bit)
+        data = bytearray(p.read_bytes())
+        data[arg[0] % len(data)] ^= 1 << arg[1]
+        p.write_bytes(bytes(data))
+    elif what == "dir":  # a directory where a file (or a directory) should be
+        _replace(p)
+        p.mkdir()
+        (p / "junk").write_bytes(b"x" * 64)
+    elif what == "file":  # a file where a directory should be
+        _replace(p)
+        p.write_bytes(b"not a directory")
+    elif what == "symlink":  # a link to ``arg`` (elsewhere)
+        _replace(p)
+        p.symlink_to(arg)
+    elif what == "mkdir":
+        p.mkdir(parents=True, exist_ok=True)
+    elif what == "manifest":  # the manifest's JSON with fields replaced (``arg``: {field: value}); sealed: its
+        # checksum made to match, so that only the field checks can tell
+        from hpctrain.ckpt.tiers._local import seal_manifest
+
+        src = Path(arg.get("__from__", path))
+        m = json.loads(src.read_text())
+        sealed = arg.get("__sealed__", True)
+        for k, v in arg.items():
+            if k.startswith("__"):
+                continue
+            if k.startswith("shards."):  # "shards.<i>.<field>"
+                _, i, field = k.split(".")
+                m["shards"][int(i)][field] = v
+            else:
+                m[k] = v
+        if sealed:
+            m = seal_manifest(m)
+        _replace(p)
+        p.write_text(json.dumps(m))
+    elif what == "rmtree":
         shutil.rmtree(path)
     elif what == "unlink":
         Path(path).unlink()
@@ -96,7 +165,9 @@ def _apply(op: tp.Tuple[str, str]) -> None:
         Path(path).write_bytes(bytes(data))
     elif what == "copytree":
         src, dst = path.split("|")
-        shutil.copytree(src, dst)
+        shutil.copytree(src, dst, symlinks=True)
+    else:
+        raise ValueError(f"unknown damage {what!r}")
 
 
 def scenarios(
@@ -126,6 +197,36 @@ def scenarios(
         dist.barrier()
         out.append(restore(rank, world, args.get("gdir", gdir), ldir, args.get("identity", "id-A")))
     return {"saved": saved, "save_lines": lines.lines, "restores": out}
+
+
+def damaged(
+    rank: int,
+    world: int,
+    gdir: str,
+    ldir: str,
+    pristine: tp.Tuple[str, str],
+    cases: tp.Sequence[tp.Sequence[tp.Sequence[tp.Any]]],
+    identity: tp.Union[str, tp.Sequence[str]] = "id-A",
+) -> tp.List[tp.Dict[str, tp.Any]]:
+    """One launch, many damages of one saved tier set: per case rank 0 puts back the pristine copies
+    (``pristine``: the global and local directories as saved) and applies the case's ops, then every rank
+    restores. The same paths every case: the tier key depends on the global directory's path."""
+    import shutil
+
+    import torch.distributed as dist
+
+    out = []
+    for ops in cases:
+        dist.barrier()
+        if rank == 0:
+            for src, dst in zip(pristine, (gdir, ldir)):
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(src, dst, symlinks=True)
+            for op in ops:
+                _apply(op)
+        dist.barrier()
+        out.append(restore(rank, world, gdir, ldir, identity, agreement_timeout_s=20.0))
+    return out
 
 
 def sharded(rank: int, world: int, gdir: str, ldir: str, mode: str) -> tp.Dict[str, tp.Any]:
