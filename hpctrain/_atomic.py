@@ -18,7 +18,6 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
-    "fsync_file",
     "TMP_NAME",
     "tmp_path",
 ]
@@ -36,15 +35,6 @@ def tmp_path(path: Path) -> Path:
 def fsync_dir(path: tp.Union[str, os.PathLike]) -> None:
     """fsync a directory so that a rename or create inside it survives a crash."""
     fd = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: tp.Union[str, os.PathLike]) -> None:
-    """fsync an existing file's data and metadata."""
-    fd = os.open(os.fspath(path), os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

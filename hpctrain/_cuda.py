@@ -1,6 +1,14 @@
-"""The one seam between hpctrain and the CUDA runtime: every torch.cuda call that device choice, batch
-delivery and checkpoint staging make goes through :class:`CudaRuntime`, so that CPU tests (and users testing
-their own code) pass :class:`hpctrain.testing.FakeCuda` instead of patching torch.
+"""The seam between hpctrain and the CUDA runtime for the decisions a CPU test must be able to steer: device
+choice, batch delivery and checkpoint staging go through :class:`CudaRuntime`, so that CPU tests (and users
+testing their own code) pass :class:`hpctrain.testing.FakeCuda` instead of patching torch.
+
+Not through it, on purpose: calls that only read or restore what a real device already holds, where a fake
+would have nothing to say — the CUDA RNG states in a checkpoint (``ckpt/_state.py``), the current device of
+a tensor being restored (``ckpt/_dtensor.py``, ``ckpt/_fetch.py``), the device name and NCCL version in the
+run identity (``identity/runtime.py``) and the metrics (``train/metrics.py``), the loader's copy stream
+(``data/loader.py``) and the probe's synchronize (``launch/probe.py``). Each of those is guarded by
+``torch.cuda.is_available()``; the checkpoint, loader and Trainer ones run in ``benchmarks/gpu_checks.sh``
+on a GPU (the probe's and the identity's do not yet).
 
 torch is imported inside the methods: the seam itself costs nothing to import on the login node.
 """

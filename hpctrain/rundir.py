@@ -1,8 +1,10 @@
 """The run directory: every path of a run, and how its records are written and read (stdlib only).
 
 One owner for the layout, in the spirit of submitit's ``JobPaths``: every module that writes or reads
-a file of a run asks :class:`RunDir` for its path instead of spelling it. Checkpoint names inside the
-checkpoint directory are the one exception: :mod:`hpctrain.ckpt._format` owns those.
+a file of a run asks :class:`RunDir` for its path instead of spelling it. What lies *inside* the
+checkpoint directory (``step-N`` names, manifests, shards, the node-local tier) is hpctrain.ckpt's, read
+through its public API; what a run directory *says* (its attempts, its checkpoints, its identity) is
+:mod:`hpctrain.run`'s, built on these paths.
 
 ::
 
@@ -55,6 +57,9 @@ __all__ = [
 
 METRICS_SCHEMA = "hpctrain.train.metrics/1"
 LEDGER_SCHEMA = "hpctrain.train.ledger/1"
+PROBE_SCHEMA = "hpctrain.capacity.allreduce/1"
+"""The all-reduce probe's record (:attr:`RunDir.capacity_probe`): written by :mod:`hpctrain.launch.probe`, read by
+:mod:`hpctrain.capacity.calibration`."""
 
 RECORD_LIMIT = 16 << 20
 """Bytes read of one JSON record file (submission, rank records, manifests): far above any real one."""
@@ -190,7 +195,7 @@ class RunDir:
 
     @property
     def capacity_probe(self) -> Path:
-        """The all-reduce timings ``hpctrain.capacity.probe`` measures in a calibration run."""
+        """The all-reduce timings ``hpctrain.launch.probe`` measures in a calibration run."""
         return self.root / "capacity" / "allreduce.json"
 
     @property
