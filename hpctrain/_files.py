@@ -11,7 +11,6 @@ on the descriptor), a byte bound. :func:`read_regular_file` turns its refusals i
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import stat
 import typing as tp
@@ -20,7 +19,6 @@ from pathlib import Path
 from hpctrain.errors import UsageError
 
 __all__ = [
-    "fmt_bytes",
     "NotReadable",
     "read_bounded",
     "sha256_fd",
@@ -151,16 +149,3 @@ def shorten(text: tp.Any, keep: int = 60) -> str:
     """User text cut for an error line (a 5000-character name must not become a 5000-character error)."""
     text = str(text)
     return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
-
-
-def fmt_bytes(value: tp.Any) -> str:
-    """``512 B``, ``137.2 KiB``, ``11.2 GiB``; anything that is not a finite number as ``?``. The one size
-    format of the house (``status``, the report, ``ckpt ls``, the Trainer's display)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "?"
-    n = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

@@ -43,11 +43,11 @@ import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain._cli import EXIT_OK, add_json_flag, command_parser
+from hpctrain._cli import EXIT_OK, STEP_HELP, add_json_flag, add_run_dir, command_parser, print_json
 from hpctrain._files import NotReadable, read_bounded
 from hpctrain.errors import CheckpointFormatError, HpctrainError, UsageError
-from hpctrain.ledger import Ledger
-from hpctrain.run import attempt_keys, committed_checkpoints, recorded_checkpoint_dir, run_identity
+from hpctrain.run import attempt_keys, committed_checkpoints, is_run_dir, run_identity
+from hpctrain.run import checkpoint_dir as run_checkpoint_dir
 from hpctrain.run import choose_checkpoint as _choose
 from hpctrain.rundir import JSONL_LIMIT, RunDir
 
@@ -105,28 +105,15 @@ def checkpoint_dir(run: tp.Union[PathLike, RunDir]) -> Path:
     """The checkpoint directory the run recorded: the newest ledger start's ``checkpoint_dir``
     (``CheckpointPolicy.dir`` may name one outside the run), else :attr:`RunDir.checkpoints`. Whether what is
     there is this run's is :func:`choose_checkpoint`'s question (a moved run names its old path)."""
-    paths = run if isinstance(run, RunDir) else RunDir(run)
-    value = recorded_checkpoint_dir(Ledger(paths).records("start"))
-    return Path(value) if value is not None else paths.checkpoints
+    return run_checkpoint_dir(run)  # the one rule: hpctrain.run.checkpoint_dir
 
 
 def checkpoint_identity(path: PathLike) -> str:
     """sha256 of a committed checkpoint's ``MANIFEST.json``, read through the checkpoint reader (validated,
     regular file, bounded); raises :class:`CheckpointFormatError` for a damaged one."""
-    from hpctrain.ckpt._format import MANIFEST
-    from hpctrain.ckpt._reader import MAX_MANIFEST_BYTES, open_regular, read_manifest
+    from hpctrain.ckpt import manifest_sha256
 
-    read_manifest(path)  # the reader's own checks first: a malformed manifest is no checkpoint
-    with open_regular(Path(path) / MANIFEST) as f:
-        raw = f.read(MAX_MANIFEST_BYTES + 1)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise CheckpointFormatError(f"{Path(path).name}/{MANIFEST}: over the manifest bound")
-    return hashlib.sha256(raw).hexdigest()
-
-
-def is_run_dir(paths: RunDir) -> bool:
-    """Whether ``paths`` holds anything a run writes (submission, ledger, checkpoints, identity)."""
-    return any(p.exists() for p in (paths.submission, paths.ledger, paths.checkpoints, paths.identity_submit))
+    return manifest_sha256(path)
 
 
 def choose_checkpoint(
@@ -304,7 +291,7 @@ def approve(
     if not paths.root.is_dir():
         raise UsageError(f"RUN_DIR {paths.root} is not a directory")
     if not is_run_dir(paths):
-        raise UsageError(f"RUN_DIR {paths.root} holds no submission, ledger, checkpoints or identity: not a run")
+        raise UsageError(f"RUN_DIR {paths.root} holds nothing a run writes: not a run")
     chosen = choose_checkpoint(paths, step, checkpoint_dir=checkpoint_dir)
     try:
         manifest_sha = checkpoint_identity(chosen.path)
@@ -419,16 +406,16 @@ def approvals_summary(run_dir: tp.Union[PathLike, RunDir], *, limit: int = 50) -
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def _parser() -> tp.Any:
+def build_parser() -> tp.Any:
     p = command_parser(
         "approve",
         "Append an approval or rejection of one committed checkpoint to RUN_DIR's hash-chained approval log.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    add_run_dir(p)
     p.add_argument("--decision", required=True, choices=DECISIONS)
     p.add_argument("--by", required=True, metavar="NAME", help="who decides (recorded with the login user)")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (one line)")
-    p.add_argument("--step", type=int, metavar="N", help="a committed step (default: the newest)")
+    p.add_argument("--step", type=int, metavar="N", help=STEP_HELP)
     p.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
@@ -439,7 +426,7 @@ def _parser() -> tp.Any:
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    opts = _parser().parse_args(argv)
+    opts = build_parser().parse_args(argv)
     notes: tp.List[str] = []
     entry = approve(
         opts.run_dir,
@@ -451,7 +438,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         notes=notes,
     )
     if opts.json:
-        print(json.dumps(entry, indent=2, sort_keys=True))
+        print_json(entry, schema=SCHEMA)  # the entry as appended to the log (its own schema)
         for note in notes:
             print(f"hpctrain approve: note: {note}", file=sys.stderr)
         return EXIT_OK

@@ -6,7 +6,12 @@ everything else that needs it refers to the field or to the constant here.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_DIST_TIMEOUT_S", "DEFAULT_MAX_REQUEUES"]
+__all__ = [
+    "DEFAULT_DIST_TIMEOUT_S",
+    "DEFAULT_MAX_REQUEUES",
+    "DEFAULT_FAILURES_PER_1000_NODE_DAYS",
+    "DEFAULT_MTBF_NODE_HOURS",
+]
 
 DEFAULT_DIST_TIMEOUT_S = 600
 """Seconds a rank waits for the others before failing: the rendezvous and the training process group
@@ -17,3 +22,11 @@ collective (``StopAgreement``) and the checkpointer's control collectives
 DEFAULT_MAX_REQUEUES = 3
 """Requeues after a time limit, preemption or rank/node failure (``--max-requeues``,
 ``SubmitConfig.max_requeues``, ``Runner``, ``python -m hpctrain.launch``)."""
+
+DEFAULT_FAILURES_PER_1000_NODE_DAYS = 6.50
+"""Unplanned failures per 1000 node-days on Meta's RSC-1 (16k A100, 8 per node; Kokolis et al. 2025), the
+worse of the two clusters measured there: the default failure rate when none is given."""
+
+DEFAULT_MTBF_NODE_HOURS = 24.0 * 1000.0 / DEFAULT_FAILURES_PER_1000_NODE_DAYS
+"""About 3692 hours between unplanned failures of one node (RSC-1's rate): a 64-node job fails every ~58 h,
+a 512-node job every ~7.2 h (``CheckpointPolicy.mtbf_node_hours``, the planner's ``--mtbf-node-hours``)."""

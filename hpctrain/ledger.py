@@ -3,8 +3,10 @@
 Three writers, one file (``RunDir.ledger``): the Trainer appends ``start`` when its first step is near and
 ``end`` when ``fit()`` returns or raises (:mod:`hpctrain.train`); the Runner's lowest surviving rank appends
 ``exit``, how the attempt ended and whether it was requeued (:mod:`hpctrain.launch.ending`). The login-node
-tools read it (``status``). The schemas are in docs/train.md. Every append rewrites the small file
-atomically (tmp + fsync + rename), so a crash leaves the old ledger or the new one, never a torn line.
+tools read it (``status``, ``report``, ``bundle``) through :func:`hpctrain.run.attempts`, the one rule of
+which records make an attempt and how each is labelled. The schemas are in docs/train.md. Every append
+rewrites the small file atomically (tmp + fsync + rename), so a crash leaves the old ledger or the new
+one, never a torn line.
 """
 
 from __future__ import annotations

@@ -16,7 +16,21 @@ import pytest
 from hpctrain.ckpt._format import MANIFEST, shard_name, step_name
 from hpctrain.errors import UsageError
 from hpctrain.ledger import Ledger
-from hpctrain.run import RunSelf, choose_checkpoint, nested, ownership, run_self
+from hpctrain.run import (
+    Attempt,
+    RunSelf,
+    attempt_keys,
+    attempt_label,
+    attempts,
+    checkpoint_dir,
+    checkpoint_ownership,
+    choose_checkpoint,
+    is_run_dir,
+    nested,
+    parse_label,
+    recorded_checkpoint_dirs,
+    run_self,
+)
 from hpctrain.rundir import RunDir
 
 MINE, THEIRS = "a" * 64, "b" * 64
@@ -141,12 +155,12 @@ def test_a_checkpoint_directory_proven_to_be_the_run_s_is_preferred_to_one_that_
 
 def test_ownership_rule():
     me = RunSelf(frozenset({MINE}), frozenset({"7"}), MINE)
-    assert ownership({"identity": MINE, "run_id": "7"}, me) == ownership({"identity": MINE}, me)
-    assert ownership({"identity": MINE}, me).belongs and ownership({"identity": MINE}, me).checked
-    assert not ownership({"identity": THEIRS}, me).belongs
-    assert not ownership({"identity": MINE, "run_id": "8"}, me).belongs
-    assert ownership({"identity": "", "job_id": "7"}, me).checked
-    unknown = ownership({}, me)
+    assert checkpoint_ownership({"identity": MINE, "run_id": "7"}, me) == checkpoint_ownership({"identity": MINE}, me)
+    assert checkpoint_ownership({"identity": MINE}, me).belongs and checkpoint_ownership({"identity": MINE}, me).checked
+    assert not checkpoint_ownership({"identity": THEIRS}, me).belongs
+    assert not checkpoint_ownership({"identity": MINE, "run_id": "8"}, me).belongs
+    assert checkpoint_ownership({"identity": "", "job_id": "7"}, me).checked
+    unknown = checkpoint_ownership({}, me)
     assert unknown.belongs and not unknown.checked and "records no run identity" in unknown.why
 
 
@@ -167,3 +181,108 @@ def test_nested_resolves_symlinks_and_paths_that_do_not_exist(tmp_path):
     assert nested(tmp_path / "run", tmp_path / "run") == "inside"
     assert nested(tmp_path, tmp_path / "link") == "contains"
     assert nested(tmp_path / "runs", tmp_path / "run") is None
+
+
+# ---------------------------------------------------------------------------------------------- attempts
+REQUEUED_RUN = [
+    # attempt 1: its start record was lost, its end and exit were written (an end without a start)
+    {"event": "end", "time": 20.0, "step": 5, "status": "stopped", "committed_step": 5},
+    {"event": "exit", "time": 21.0, "job_id": "12", "restart_count": 0, "cause": "preemption", "requeued": True},
+    # attempt 2: start, end, exit (requeued)
+    {"event": "start", "time": 30.0, "job_id": "12", "restart_count": 1, "launcher": "slurm", "resumed_from_step": 5},
+    {"event": "end", "time": 40.0, "step": 9, "status": "stopped", "committed_step": 9},
+    {"event": "exit", "time": 41.0, "job_id": "12", "restart_count": 1, "cause": "time_limit", "requeued": True},
+    # attempt 3: a start without an end (running, or died)
+    {"event": "start", "time": 50.0, "job_id": "12", "restart_count": 2, "launcher": "slurm", "resumed_from_step": 9},
+]
+LABELS = ["12-r0", "12-r1", "12-r2"]
+
+
+def test_status_report_and_bundle_agree_on_the_attempts_of_a_requeued_run(tmp_path, capsys):
+    from hpctrain.bundle.attempts import attempts_from_ledger, summary
+    from hpctrain.report.gather import gather
+    from hpctrain.testing import FakeSlurm
+    from tests.status.rundirs import status
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    for rec in REQUEUED_RUN:
+        Ledger(run).append(dict(rec))
+    found = attempts(Ledger(run).records())
+    assert [a.label for a in found] == LABELS
+    assert [(a.started, a.ended) for a in found] == [(False, True), (True, True), (True, False)]
+    report = status(capsys, run.root, "--json", slurm=FakeSlurm()).report
+    assert [r["attempt"] for r in report["attempts"]] == LABELS
+    assert [r["started"] for r in report["attempts"]] == [False, True, True]
+    assert [r["attempt"] for r in report["slurm_view"]["attempts"]] == LABELS
+    assert [a.label for a in gather(run.root, slurm=FakeSlurm()).attempts] == LABELS
+    bundled = [summary(a) for a in attempts_from_ledger(Ledger(run).records())]
+    assert [(b["job_id"], b["restart_count"]) for b in bundled] == [("12", 0), ("12", 1), ("12", 2)]
+    assert attempt_keys(run) == [("12", 0), ("12", 1), ("12", 2)]
+
+
+def test_the_pairing_rule():
+    ledger = [
+        {"event": "start", "job_id": "", "restart_count": 0, "time": 1.0},
+        {"event": "exit", "job_id": "", "restart_count": 0, "time": 2.0, "cause": "hang"},  # exit before the end
+        {"event": "end", "time": 3.0, "step": 1, "status": "failed"},
+        {"event": "end", "time": 4.0, "step": 1, "status": "failed"},  # a second end: an attempt of its own
+        {"event": "exit", "job_id": "7", "restart_count": 3, "time": 5.0},  # names the end-only attempt
+        {"event": "in_job_restart", "job_id": "7", "restart_count": 3, "time": 6.0},  # not an attempt
+        {"event": "exit", "job_id": "7", "restart_count": 4, "time": 7.0},  # an exit without a start
+    ]
+    found = attempts(ledger)
+    assert [a.label for a in found] == ["local-r0", "7-r3", "7-r4"]
+    assert found[0].end is not None and found[0].exit is not None and found[1].end["time"] == 4.0
+    assert [a.index for a in found] == [1, 2, 3] and [a.later_attempt for a in found] == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    "job, restart, label",
+    [("12", 0, "12-r0"), ("", 3, "local-r3"), ("12_4", None, "12_4-r?"), ("a-r1", 2, "a-r1-r2")],
+)
+def test_the_label_round_trips(job, restart, label):
+    assert attempt_label(job, restart) == label and Attempt(job, restart).label == label
+    assert parse_label(label) == (job, restart)
+
+
+@pytest.mark.parametrize("text", ["", "12", "12-r", "12-rx", "-r1", "12-r-1"])
+def test_parse_label_refuses_what_is_not_a_label(text):
+    assert parse_label(text) is None
+
+
+@pytest.mark.parametrize(
+    "what, is_run",
+    [
+        ("nothing", False),
+        ("submission.json", True),
+        ("train/ledger.jsonl", True),
+        ("train/metrics.jsonl", True),
+        ("identity/submit.json", True),
+        ("checkpoints/", True),
+        ("train/", False),
+        ("other.txt", False),
+    ],
+)
+def test_is_run_dir(tmp_path, what, is_run):
+    root = tmp_path / "run"
+    root.mkdir()
+    if what.endswith("/"):
+        (root / what).mkdir(parents=True)
+    elif what != "nothing":
+        (root / what).parent.mkdir(parents=True, exist_ok=True)
+        (root / what).write_text("{}")
+    assert is_run_dir(root) is is_run
+    assert not is_run_dir(tmp_path / "missing") and not is_run_dir(root / "submission.json")
+
+
+def test_the_checkpoint_dir_rule(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    assert checkpoint_dir(run) == run.checkpoints  # the ledger names none
+    Ledger(run).append({"event": "start", "time": 1.0, "checkpoint_dir": "/old", "restart_count": 0})
+    Ledger(run).append({"event": "start", "time": 2.0, "checkpoint_dir": "rel/ck", "restart_count": 1})
+    assert checkpoint_dir(run) == run.root / "rel/ck"  # relative: against the run (no submission cwd)
+    (run.root / "submission.json").write_text(json.dumps({"cwd": "/work"}))
+    assert checkpoint_dir(run) == Path("/work/rel/ck")
+    assert recorded_checkpoint_dirs(Ledger(run).records()) == ["/old", "rel/ck"]

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "section",
-    "ownership",
+    "read_ownership",
     "code_repo",
     "hpctrain_code",
     "distributions",
@@ -42,15 +42,19 @@ def _text(value: tp.Any, limit: int = 500) -> tp.Optional[str]:
     return None
 
 
-def ownership(record: tp.Optional[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, tp.Optional[str]]:
+def read_ownership(record: tp.Optional[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, tp.Optional[str]]:
+    """The ``ownership`` section an identity record holds, as its writer
+    (:func:`hpctrain.identity.ownership_record`) writes it: ``owner``, ``owner_source`` (``config`` or
+    ``user``), ``team``, ``notes`` (at most submit's ``MAX_NOTES_CHARS``); None for what is absent."""
+    from hpctrain.submit.config import MAX_NOTES_CHARS
+
     own = section(record, "ownership")
+    source = own.get("owner_source")
     return {
         "owner": _text(own.get("owner"), 200),
+        "owner_source": source if source in ("config", "user") else None,
         "team": _text(own.get("team"), 200),
-        "notes": _text(own.get("notes"), 4000),
-        "team_url": _text(own.get("team_url") or own.get("url"), 500),
-        "orcid": _text(own.get("orcid"), 200),
-        "license": _text(own.get("license"), 200),
+        "notes": _text(own.get("notes"), MAX_NOTES_CHARS),
     }
 
 

@@ -30,7 +30,6 @@ from hpctrain.approvals import (
     attempt_keys,
     checkpoint_identity,
     choose_checkpoint,
-    is_run_dir,
     verify_chain,
 )
 from hpctrain.bundle import _records as records
@@ -43,11 +42,12 @@ from hpctrain.bundle._io import (
     rename_noreplace,
     write_new,
 )
-from hpctrain.bundle.attempts import attempts_from_ledger
+from hpctrain.bundle.attempts import summary as attempt_summary
 from hpctrain.bundle.crate import build_crate, command_line, crate_gaps, iso, preview_html
 from hpctrain.bundle.layout import BUNDLE_SCHEMA, BundleLayout
 from hpctrain.errors import CheckpointFormatError, HpctrainError, UsageError
-from hpctrain.run import nested, ownership, run_self
+from hpctrain.run import attempts as run_attempts
+from hpctrain.run import checkpoint_ownership, is_run_dir, nested, run_self
 from hpctrain.rundir import RunDir, read_json, read_jsonl
 
 __all__ = ["build_bundle", "SELF_LINE", "file_list_text", "hpctrain_url"]
@@ -108,7 +108,7 @@ def build_bundle(
     if not paths.root.is_dir():
         raise UsageError(f"RUN_DIR {paths.root} is not a directory")
     if not is_run_dir(paths):
-        raise UsageError(f"RUN_DIR {paths.root} holds no submission, ledger, checkpoints or identity: not a run")
+        raise UsageError(f"RUN_DIR {paths.root} holds nothing a run writes: not a run")
     if os.path.lexists(out):
         raise UsageError(f"-o {out} already exists; a bundle never overwrites: choose a new path")
     _refuse_nested(out, paths.root, "the run directory")
@@ -298,16 +298,18 @@ def _build_tree(
     for f in files:
         how = link_or_copy(f, ck_dir / f.relative_to(chosen.path), copy=copy)
         link = "copy" if how == "copy" else link
-    from hpctrain.ckpt._reader import verify_dir
+    from hpctrain.ckpt import verify as verify_checkpoint
 
     try:
-        manifest = verify_dir(ck_dir)
+        manifest = verify_checkpoint(ck_dir)
         bundled_sha = checkpoint_identity(ck_dir)
     except CheckpointFormatError as exc:
         raise HpctrainError(f"the bundled checkpoint of step {chosen.step} does not verify: {exc}") from None
     if bundled_sha != source_sha:
         raise HpctrainError(f"checkpoint step {chosen.step} changed while it was bundled (re-saved?); try again")
-    owned = ownership(manifest, run_self(paths), chosen.path)  # the copy's own manifest: what the bundle holds
+    owned = checkpoint_ownership(
+        manifest, run_self(paths), chosen.path
+    )  # the copy's own manifest: what the bundle holds
     if not owned.belongs:
         raise UsageError(f"{owned.why}; pass --checkpoint-dir DIR to name this run's checkpoints")
     notes += chosen.notes
@@ -318,12 +320,12 @@ def _build_tree(
     metrics, bad = read_jsonl(lay.metrics)
     if bad and not metrics:
         metrics, _ = read_jsonl(lay.metrics, tail_bytes=METRICS_TAIL)
-    attempts = attempts_from_ledger(ledger, metrics)
+    attempts = run_attempts(ledger, metrics)
     entries, chain_problems = verify_chain(lay.approvals)
     if chain_problems:
         notes.append(f"the approval log does not verify: {chain_problems[0]}")
     submission = read_json(lay.submission, []) or {}
-    owner = records.ownership(newest)
+    owner = records.read_ownership(newest)
     if team_url:
         owner["team_url"] = team_url
     config = submission.get("config") if isinstance(submission.get("config"), dict) else {}
@@ -361,7 +363,7 @@ def _build_tree(
             "entries": len(entries),
             "head": entries[-1]["entry_hash"] if entries else None,
         },
-        "attempts": [a.summary() for a in attempts],
+        "attempts": [attempt_summary(a) for a in attempts],
         "submission": {k: submission.get(k) for k in ("job_id", "cluster", "argv", "world_size") if k in submission},
         "license": license,
         "notes": notes,
@@ -385,7 +387,7 @@ def _build_tree(
         identity=newest,
         attempt_identity=by_attempt,
         owner=owner,
-        license=license or owner.get("license"),
+        license=license,
         hpctrain_version=__version__,
         hpctrain_url=hpctrain_url(newest),
         torch_version=torch_version,

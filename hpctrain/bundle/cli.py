@@ -1,36 +1,78 @@
-"""``python -m hpctrain bundle RUN_DIR -o OUT [...]`` and ``python -m hpctrain bundle verify BUNDLE [--json]``.
+"""``python -m hpctrain bundle create RUN_DIR -o OUT [...]`` and ``python -m hpctrain bundle verify BUNDLE [--json]``.
 
-Exit 0 ok, 1 a failed check (verify) or operation, 2 bad input (not a run, not a bundle, OUT exists).
+``bundle RUN_DIR -o OUT`` is the short form of ``bundle create`` (:func:`hpctrain._cli.implicit_subcommand`).
+Exit 0 ok, 1 a failed check (verify) or operation, 2 bad input (not a run, not a bundle, OUT exists
+without ``--force``).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import os
+import shutil
 import sys
 import typing as tp
+from pathlib import Path
 
-from hpctrain._cli import EXIT_FAILED, EXIT_OK, add_json_flag, command_parser
+from hpctrain._cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    FORCE_HINT,
+    STEP_HELP,
+    add_json_flag,
+    add_output,
+    add_run_dir,
+    add_subcommands,
+    command_parser,
+    implicit_subcommand,
+    print_json,
+)
 from hpctrain._output import check_output_parent
+from hpctrain.bundle.layout import BundleLayout
+from hpctrain.errors import UsageError
 
-__all__ = ["main", "render_report"]
+__all__ = ["main", "build_parser", "render_report", "CREATE_SCHEMA", "VERIFY_SCHEMA"]
+
+CREATE_SCHEMA = "hpctrain.bundle.create/1"
+VERIFY_SCHEMA = "hpctrain.bundle.verify/1"
+_SUBCOMMANDS = ("create", "verify")
 
 _DESCRIPTION = """\
 Write a run's recoverable training bundle (RO-Crate metadata, identity manifests, code snapshot,
 environment lock, data fingerprint, one committed checkpoint, metrics, ledger, approvals, a file list
 with a sha256 of every file), or verify one:
 
-  python -m hpctrain bundle RUN_DIR -o OUT [--step N] [--tar] [--copy] [--license SPDX] [--team-url URL]
-      [--checkpoint-dir DIR]
+  python -m hpctrain bundle create RUN_DIR -o OUT [--force] [--step N] [--tar] [--copy] [--license SPDX]
+      [--team-url URL] [--checkpoint-dir DIR] [--json]
   python -m hpctrain bundle verify BUNDLE [--json]
 
-(a run directory literally named "verify" is given as ./verify)"""
+`bundle RUN_DIR -o OUT` is short for `bundle create RUN_DIR -o OUT` when RUN_DIR exists and is not
+"create" or "verify" (a run directory named "verify": `bundle create verify -o OUT`, or ./verify)."""
 
 
-def _build_parser() -> tp.Any:
+def build_parser() -> tp.Any:
     p = command_parser("bundle", _DESCRIPTION)
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("-o", "--out", required=True, metavar="OUT", help="the bundle to write (never overwritten)")
-    p.add_argument("--step", type=int, metavar="N", help="the committed checkpoint to bundle (default: the newest)")
+    sub = add_subcommands(p)
+    c = sub.add_parser(
+        "create",
+        help="write a run's bundle (the default: `bundle RUN_DIR -o OUT`)",
+        description="Write a run's recoverable training bundle.",
+    )
+    _create_arguments(c)
+    v = sub.add_parser(
+        "verify",
+        help="verify a bundle: every file's sha256, the checkpoint, approvals, identity (exit 1 if not)",
+        description="Verify a bundle: every file's sha256, the checkpoint, approvals, identity.",
+    )
+    v.add_argument("bundle", metavar="BUNDLE", help="a bundle directory or its tar")
+    add_json_flag(v)
+    return p
+
+
+def _create_arguments(p: tp.Any) -> None:
+    add_run_dir(p)
+    add_output(p, kind="dir", required=True, help="the bundle (a directory; one tar file with --tar)")
+    p.add_argument("--step", type=int, metavar="N", help=STEP_HELP)
     p.add_argument("--tar", action="store_true", help="write one uncompressed tar file instead of a directory")
     p.add_argument("--copy", action="store_true", help="copy the checkpoint even where a hard link would do")
     p.add_argument(
@@ -45,45 +87,37 @@ def _build_parser() -> tp.Any:
         help="where the run's checkpoints are, when not where it recorded them (a moved run); checked to be its own",
     )
     add_json_flag(p)
-    return p
-
-
-def _verify_parser() -> tp.Any:
-    p = command_parser("bundle verify", "Verify a bundle: every file's sha256, the checkpoint, approvals, identity.")
-    p.add_argument("bundle", metavar="BUNDLE", help="a bundle directory or its tar")
-    add_json_flag(p)
-    return p
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "verify":
+    args = implicit_subcommand(sys.argv[1:] if argv is None else argv, _SUBCOMMANDS, "create")
+    opts = build_parser().parse_args(args)
+    if opts.cmd == "verify":
         from hpctrain.bundle.verify import verify_bundle
 
-        opts = _verify_parser().parse_args(args[1:])
         report = verify_bundle(opts.bundle)
         if opts.json:
-            print(json.dumps(report, indent=2, sort_keys=True))
+            print_json(report, schema=VERIFY_SCHEMA)
         else:
             render_report(report)
         return EXIT_OK if report["ok"] else EXIT_FAILED
-    opts = _build_parser().parse_args(args)
-    # -o: a parent that is a file is one line here (the build creates missing parents; OUT itself must not exist)
-    check_output_parent(opts.out, parents=True)
+    # -o: a parent that is a file is one line here (the build creates missing parents)
+    check_output_parent(opts.output, parents=True)
     from hpctrain.bundle.build import build_bundle
 
-    summary = build_bundle(
-        opts.run_dir,
-        opts.out,
-        step=opts.step,
-        tar=opts.tar,
-        copy=opts.copy,
-        license=opts.license,
-        team_url=opts.team_url,
-        checkpoint_dir=opts.checkpoint_dir,
-    )
+    with _replacing(opts.output, force=opts.force):
+        summary = build_bundle(
+            opts.run_dir,
+            opts.output,
+            step=opts.step,
+            tar=opts.tar,
+            copy=opts.copy,
+            license=opts.license,
+            team_url=opts.team_url,
+            checkpoint_dir=opts.checkpoint_dir,
+        )
     if opts.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary, schema=CREATE_SCHEMA)
         return EXIT_OK
     ck, ap = summary["checkpoint"], summary["approvals"]
     ident = summary["run_identity"]
@@ -96,6 +130,40 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         print(f"  note: {note}")
     print(f"  check it: python -m hpctrain bundle verify {summary['bundle']}")
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _replacing(out: str, *, force: bool) -> tp.Iterator[None]:
+    """An existing OUT: refused (exit 2) without ``--force``. With it, only an earlier bundle (a directory
+    holding ``bundle.json``, or a regular file: a tar) is replaced: moved aside while the new one is written,
+    removed once it is, put back if the build fails. Anything else is still refused: a directory that is
+    not a bundle is never deleted."""
+    path = Path(out)
+    if not os.path.lexists(path):
+        yield
+        return
+    if not force:
+        raise UsageError(f"-o {out}: already exists; {FORCE_HINT}")
+    if path.is_dir() and not path.is_symlink():
+        if not (path / BundleLayout.RECORD).is_file():
+            raise UsageError(
+                f"-o {out}: an existing directory that is not a bundle (no {BundleLayout.RECORD}); "
+                "--force replaces only a bundle: choose another path"
+            )
+    elif not (path.is_file() or path.is_symlink()):
+        raise UsageError(f"-o {out}: exists and is not a bundle directory or file; choose another path")
+    aside = path.with_name(f".{path.name}.replaced-{os.getpid()}")
+    os.replace(path, aside)
+    try:
+        yield
+    except BaseException:
+        if not os.path.lexists(path):
+            os.replace(aside, path)
+        raise
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink(missing_ok=True)
 
 
 def render_report(report: tp.Mapping[str, tp.Any]) -> None:

@@ -10,11 +10,10 @@ from the new run directory alone.
 
 from __future__ import annotations
 
-import json
 import typing as tp
 from pathlib import Path
 
-from hpctrain._cli import EXIT_FAILED, EXIT_OK, add_json_flag, command_parser
+from hpctrain._cli import EXIT_FAILED, EXIT_OK, add_json_flag, add_run_dir, print_json
 from hpctrain.errors import UsageError
 from hpctrain.rundir import JSONL_LIMIT, RunDir, read_json, read_jsonl
 
@@ -33,16 +32,21 @@ def compare_run(run_dir: tp.Union[str, Path], expected: tp.Sequence[tp.Mapping[s
     return replay.compare(expected, replay.intervals(records), tolerance=tolerance)
 
 
-def _compare_main(argv: tp.Sequence[str]) -> int:
+COMPARE_SCHEMA = "hpctrain.reproduce.compare/1"
+
+
+def _compare_arguments(p: tp.Any) -> None:
+    """``reproduce compare``'s arguments (the parser is :func:`hpctrain.bundle.reproduce.build_parser`)."""
+    add_run_dir(p)
+    p.add_argument("--tolerance", type=float, metavar="REL", help="override the recorded tolerance")
+    add_json_flag(p)
+
+
+def _compare_main(opts: tp.Any) -> int:
     from rich.console import Console
 
     from hpctrain.bundle import replay
 
-    p = command_parser("reproduce compare", "Compare a reproduction's loss with the bundled run's, once it ended.")
-    p.add_argument("run_dir", metavar="NEW", help="the run directory python -m hpctrain reproduce made")
-    p.add_argument("--tolerance", type=float, metavar="REL", help="override the recorded tolerance")
-    add_json_flag(p)
-    opts = p.parse_args(list(argv))
     paths = RunDir(opts.run_dir)
     problems: tp.List[str] = []
     record = read_json(paths.reproduced_code / RECORD, problems)
@@ -52,7 +56,7 @@ def _compare_main(argv: tp.Sequence[str]) -> int:
     tolerance = float(record.get("tolerance") or 0.0) if opts.tolerance is None else opts.tolerance
     result = compare_run(paths.root, record.get("expected") or [], tolerance)
     if opts.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print_json(result, schema=COMPARE_SCHEMA)
     else:
         replay.render_comparison(result, Console(highlight=False, soft_wrap=True), title=_title(record))
     return EXIT_OK if result["ok"] else EXIT_FAILED

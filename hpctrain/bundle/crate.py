@@ -34,7 +34,7 @@ import re
 import typing as tp
 
 from hpctrain.bundle._records import code_repo, data_files, hpctrain_code, http_url, slurm_environment
-from hpctrain.bundle.attempts import Attempt
+from hpctrain.run import Attempt
 
 __all__ = ["PROFILE", "RO_CRATE", "build_crate", "command_line", "crate_gaps", "preview_html", "iso", "encoding_format"]
 

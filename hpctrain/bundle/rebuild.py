@@ -103,7 +103,7 @@ def identity_source(opened: Opened) -> tp.Dict[str, tp.Any]:
 # ---------------------------------------------------------------------------------------------- the code
 def _entry_root(code: tp.Mapping[str, tp.Any], repo: tp.Mapping[str, tp.Any], tree: Path) -> Path:
     """The directory of the rebuilt tree the entry's module is imported from (its package's parent)."""
-    from hpctrain._entry import split_entry
+    from hpctrain._entry import import_root, split_entry
 
     module = split_entry(str(code.get("entry")))[0]
     if repo.get("kind") == "files":
@@ -111,27 +111,17 @@ def _entry_root(code: tp.Mapping[str, tp.Any], repo: tp.Mapping[str, tp.Any], tr
     entry_file, root = code.get("entry_file"), repo.get("root")
     if not isinstance(entry_file, str) or not isinstance(root, str):
         raise HpctrainError("the recorded code names no entry file inside its repository; cannot run it from the tree")
-    path = Path(entry_file)
-    depth = module.count(".") + (1 if path.name == "__init__.py" else 0)
     try:
-        rel = path.parents[depth].relative_to(root)
+        rel = import_root(entry_file, module).relative_to(root)
     except (IndexError, ValueError):
         raise HpctrainError(f"the entry file {entry_file} is not inside its recorded repository {root}") from None
     return tree / rel
 
 
-def _module_file(root: Path, module: str) -> tp.Optional[Path]:
-    base = root.joinpath(*module.split("."))
-    for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def restore_code(opened: Opened, dest: Path) -> tp.Dict[str, tp.Any]:
     """Rebuild the snapshot into ``dest`` and check it: the snapshot's sha256 against the submit record's, every
     file hash against the recorded code section. Returns ``{"repositories", "code_path", "cwd", "notes"}``."""
-    from hpctrain._entry import split_entry
+    from hpctrain._entry import module_file, split_entry
     from hpctrain.bundle._io import hash_file
     from hpctrain.identity.snapshot import restore_snapshot
 
@@ -163,7 +153,7 @@ def restore_code(opened: Opened, dest: Path) -> tp.Dict[str, tp.Any]:
     tree = Path(results["entry"]["tree"])
     module = split_entry(str(code.get("entry")))[0]
     code_path = _entry_root(code, entry_repo, tree)
-    if _module_file(code_path, module) is None:
+    if module_file(code_path, module) is None:
         raise HpctrainError(f"the rebuilt tree holds no module {module} under {code_path}")
     if module.split(".")[0] == "hpctrain":
         notes.append(
@@ -204,7 +194,7 @@ def place_checkpoint(opened: Opened, ckpt_dir: Path) -> tp.Dict[str, tp.Any]:
     verify, and its manifest's sha256 against the bundle's record."""
     from hpctrain.approvals import checkpoint_identity
     from hpctrain.bundle._io import link_or_copy, regular_files
-    from hpctrain.ckpt._reader import verify_dir
+    from hpctrain.ckpt import verify as verify_checkpoint
     from hpctrain.errors import CheckpointFormatError
 
     ck = opened.record.get("checkpoint") if isinstance(opened.record.get("checkpoint"), dict) else {}
@@ -221,7 +211,7 @@ def place_checkpoint(opened: Opened, ckpt_dir: Path) -> tp.Dict[str, tp.Any]:
         if link_or_copy(f, dst / f.relative_to(src)) == "copy":
             how = "copy"
     try:
-        manifest = verify_dir(dst)
+        manifest = verify_checkpoint(dst)
         sha = checkpoint_identity(dst)
     except CheckpointFormatError as exc:
         raise HpctrainError(f"the placed checkpoint {dst} does not verify: {exc}") from None

@@ -1,5 +1,6 @@
-"""``python -m hpctrain reproduce BUNDLE --data PATH... [--run-dir NEW] [submit flags] [--from-checkpoint]
-[--steps K] [--json]``: rebuild a bundled run and submit it again, then compare its loss with the recorded one.
+"""``python -m hpctrain reproduce run BUNDLE --data PATH... [-o NEW] [submit flags] [--from-checkpoint]
+[--steps K] [--json]`` (short form: ``reproduce BUNDLE ...``):
+rebuild a bundled run and submit it again, then compare its loss with the recorded one.
 
 On the login node, without torch, in this order (nothing is written before the checks pass):
 
@@ -27,6 +28,9 @@ On the login node, without torch, in this order (nothing is written before the c
    once the job has ended (a local job, or Slurm with ``--follow``); exit 1 when one differs. Later:
    ``python -m hpctrain reproduce compare NEW``.
 
+``-o/--output NEW`` is the new run directory (``--run-dir``, the older spelling, is accepted too); it must
+not exist yet (a reproduction never resumes or replaces a run, so there is no ``--force``).
+
 This module is the command line (the arguments, ``main``); the steps above are
 :class:`hpctrain.bundle.reproduction.Reproduction`'s, the settings handed to ``hpctrain.submit``
 :mod:`hpctrain.bundle.resubmit`'s, the record and the comparison (``reproduce compare``)
@@ -43,12 +47,14 @@ import argparse
 import sys
 import typing as tp
 
-from hpctrain._cli import add_json_flag, command_parser
-from hpctrain.bundle.comparison import RECORD, RECORD_SCHEMA, _compare_main, compare_run
+from hpctrain._cli import add_json_flag, add_subcommands, command_parser, implicit_subcommand
+from hpctrain.bundle.comparison import RECORD, RECORD_SCHEMA, _compare_arguments, _compare_main, compare_run
 from hpctrain.bundle.reproduction import Reproduction
 from hpctrain.bundle.resubmit import _NOT_PASSED, SUBMIT_TOML
 
-__all__ = ["main", "RECORD", "SUBMIT_TOML", "RECORD_SCHEMA", "compare_run"]
+__all__ = ["main", "build_parser", "RECORD", "SUBMIT_TOML", "RECORD_SCHEMA", "compare_run"]
+
+_SUBCOMMANDS = ("run", "compare")
 
 _DESCRIPTION = """\
 Rebuild a bundled run and submit it again: verify the bundle, check the data you give against the recorded
@@ -56,24 +62,52 @@ fingerprints, show how this environment differs from the recorded one, rebuild t
 uncommitted changes, the untracked files) into NEW/code/ and run the entry from it, submit the recorded
 settings, and compare the loss of every recorded interval with the reproduction's.
 
-  python -m hpctrain reproduce BUNDLE --data PATH... [--run-dir NEW] [submit flags] [--json]
-  python -m hpctrain reproduce BUNDLE --data PATH... --from-checkpoint      # resume from the bundled checkpoint
-  python -m hpctrain reproduce BUNDLE --data PATH... --steps K              # replay K steps from it and compare
-  python -m hpctrain reproduce compare NEW [--json]                         # compare a reproduction that ended
+  python -m hpctrain reproduce run BUNDLE --data PATH... [-o NEW] [submit flags] [--json]
+  python -m hpctrain reproduce run BUNDLE --data PATH... --from-checkpoint  # resume from the bundled checkpoint
+  python -m hpctrain reproduce run BUNDLE --data PATH... --steps K          # replay K steps from it and compare
+  python -m hpctrain reproduce compare RUN_DIR [--json]                     # compare a reproduction that ended
+
+`reproduce BUNDLE ...` is short for `reproduce run BUNDLE ...` when BUNDLE exists and is not "run" or
+"compare" (a bundle named "compare": `reproduce run compare ...`, or ./compare).
 
 --steps K gives the entry `--steps <bundled step + K>`: entries that take --steps as the total step count (the
 demo, the Trainer's TrainConfig.steps). On CPU the loss is expected to match bit for bit (--tolerance 0).
-Exit 0 ok, 1 a failed check, job or comparison, 2 bad input. (A bundle literally named "compare": ./compare)"""
+Exit 0 ok, 1 a failed check, job or comparison, 2 bad input."""
 
 
 # ---------------------------------------------------------------------------------------------- the command line
-def _parser() -> argparse.ArgumentParser:
-    from hpctrain.submit.cli import build_parser
-
+def build_parser() -> argparse.ArgumentParser:
     p = command_parser("reproduce", _DESCRIPTION)
+    sub = add_subcommands(p)
+    r = sub.add_parser(
+        "run",
+        help="rebuild a bundled run, submit it again, compare its loss (the default: `reproduce BUNDLE ...`)",
+        description="Rebuild a bundled run and submit it again, then compare its loss with the recorded one.",
+    )
+    _run_arguments(r)
+    c = sub.add_parser(
+        "compare",
+        help="compare a reproduction's loss with the bundled run's, once it ended",
+        description="Compare a reproduction's loss with the bundled run's, once it ended.",
+    )
+    _compare_arguments(c)
+    return p
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    from hpctrain.submit.cli import build_parser as submit_parser
+
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle directory or its tar (python -m hpctrain bundle)")
     p.add_argument("--data", nargs="+", default=[], metavar="PATH", help="your copies of the run's input files")
-    p.add_argument("--run-dir", metavar="NEW", help="the new run directory (default runs/<job-name>-reproduce-<time>)")
+    # -o/--output NEW, never --force: a reproduction is a new run directory; it never replaces one
+    p.add_argument(
+        "-o",
+        "--output",
+        dest="run_dir",
+        metavar="DIR",
+        help="write the new run directory to DIR (default runs/<job-name>-reproduce-<time>); it must not exist",
+    )
+    p.add_argument("--run-dir", dest="run_dir", metavar="DIR", help=argparse.SUPPRESS)
     p.add_argument(
         "--from-checkpoint", action="store_true", help="resume from the bundled checkpoint instead of from scratch"
     )
@@ -92,16 +126,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_json_flag(p)
     group = p.add_argument_group("submit flags (as python -m hpctrain.submit; they override the recorded settings)")
-    for action in build_parser()._actions:
+    for action in submit_parser()._actions:
         if action.dest in _NOT_PASSED or action.dest == "help":
             continue
         group._add_action(action)
-    return p
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "compare":
-        return _compare_main(args[1:])
-    opts = _parser().parse_args(args)
+    args = implicit_subcommand(sys.argv[1:] if argv is None else argv, _SUBCOMMANDS, "run")
+    opts = build_parser().parse_args(args)
+    if opts.cmd == "compare":
+        return _compare_main(opts)
     return Reproduction(opts).run()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -20,13 +19,16 @@ import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain._cli import EXIT_FAILED, EXIT_OK
+from hpctrain._cli import EXIT_FAILED, EXIT_OK, print_json
 from hpctrain.bundle import inputs, rebuild
 from hpctrain.bundle.comparison import RECORD, RECORD_SCHEMA, _title, compare_run
 from hpctrain.bundle.resubmit import SUBMIT_TOML, _entry_visible, _new_run_dir, _submit_flags, _toml, refuse_nested
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.run import recorded_checkpoint_dir
 from hpctrain.rundir import JSONL_LIMIT, RunDir, read_json, read_jsonl
+
+RUN_SCHEMA = "hpctrain.reproduce.run/1"
+"""The shape of ``reproduce run --json``'s object."""
 
 __all__ = ["Reproduction"]
 
@@ -295,7 +297,7 @@ class Reproduction:
         record["identity"] = self.report["identity"] = self._identity_vs(ident, paths)
         self._write_record(paths, record)
         if opts.json:
-            print(json.dumps(self.report, indent=2, sort_keys=True, default=str))
+            print_json(self.report, schema=RUN_SCHEMA)
         if rc != 0:
             return rc
         return EXIT_FAILED if result is not None and not result["ok"] else EXIT_OK
@@ -496,5 +498,5 @@ class Reproduction:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         if self.opts.json:
-            print(json.dumps(self.report, indent=2, sort_keys=True, default=str))
+            print_json(self.report, schema=RUN_SCHEMA)
         return rc

@@ -19,7 +19,14 @@ __all__ = ["SUBMIT_TOML"]
 
 SUBMIT_TOML = "submit.toml"
 """The recorded settings as given to ``hpctrain.submit --config`` (flags given to reproduce override them)."""
-_NOT_PASSED = {"entry", "resume", "config", "run_dir", "require_clean"}  # submit flags reproduce owns or refuses
+_NOT_PASSED = {
+    "entry",
+    "resume",
+    "config",
+    "run_dir",
+    "require_clean",
+    "json",
+}  # submit flags reproduce owns or refuses
 
 
 def _submit_flags(ns: argparse.Namespace) -> tp.Tuple[tp.List[str], tp.Dict[str, tp.Any]]:

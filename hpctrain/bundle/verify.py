@@ -576,7 +576,7 @@ def _snapshot_of(lay: BundleLayout) -> tp.Tuple[tp.Optional[tp.Dict[str, tp.Any]
 
 
 def _check_checkpoint(lay: BundleLayout, record: tp.Mapping[str, tp.Any], c: Check) -> None:
-    from hpctrain.ckpt._reader import verify_dir
+    from hpctrain.ckpt import verify as verify_checkpoint
 
     ck = record.get("checkpoint") if isinstance(record.get("checkpoint"), dict) else {}
     rel = _safe_rel(ck.get("dir"))
@@ -589,7 +589,7 @@ def _check_checkpoint(lay: BundleLayout, record: tp.Mapping[str, tp.Any], c: Che
         _fail(c, f"{rel}: missing")
         return
     try:
-        manifest = verify_dir(path)
+        manifest = verify_checkpoint(path)
         sha = checkpoint_identity(path)
     except (CheckpointFormatError, OSError) as exc:
         _fail(c, f"{rel}: the checkpoint's own verify failed: {exc}")
@@ -640,7 +640,7 @@ def _check_archive_checkpoint(lay: BundleLayout, record: tp.Mapping[str, tp.Any]
     """A tar's checkpoint, from the stream: its manifest (read and validated by the checkpoint reader from the
     scratch copy) against the record, and every shard's size and crc32 (computed as it streamed) against the
     manifest. The shards' structure is checked where they are unpacked (reproduce verifies its placed copy)."""
-    from hpctrain.ckpt._reader import read_manifest
+    from hpctrain.ckpt import read_manifest
 
     ck = record.get("checkpoint") if isinstance(record.get("checkpoint"), dict) else {}
     rel = _safe_rel(ck.get("dir"))

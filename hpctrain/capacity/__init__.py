@@ -9,7 +9,9 @@ report):
 * :func:`render_plot` ``(report, fmt="svg"|"png") -> bytes``: the plot of such a report;
 * :class:`Targets`: what to predict for; :func:`read_calibrations`: one run directory's measurements.
 
-The arithmetic is :mod:`hpctrain.capacity.model` (also the Trainer's ``every_minutes="auto"``).
+The arithmetic is :mod:`hpctrain.capacity.model` and :mod:`hpctrain.reliability` (the latter shared with
+the Trainer's ``every_minutes="auto"``). The calibration's all-reduce probe is the node-side entry
+``hpctrain.launch.probe:main``, submitted by name, never imported here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What bounds a predicted row, in plain words, and what would change the answer: :func:`_bound` (stdlib only).
 
-Also the short durations, rates and node counts those words use (:func:`_dur` is the CLI's too).
+Also the node counts those words use, and :func:`_dur` (the CLI's too): the house's duration format
+(:func:`hpctrain._human.fmt_duration`), with ``never`` for a run that cannot end.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from hpctrain._human import fmt_duration
 from hpctrain.capacity.fit import Fitted
 
 BOUND_SHARE = 0.10
@@ -22,18 +24,11 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.3g} GB/s"
 
 
-def _dur(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "never" if seconds > 0 else "?"
-    if seconds < 1:
-        return f"{seconds * 1e3:.3g} ms"
-    if seconds < 120:
-        return f"{seconds:.3g} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.3g} min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.3g} h"
-    return f"{seconds / 86400:.3g} days"
+def _dur(seconds: tp.Optional[float]) -> str:
+    """:func:`hpctrain._human.fmt_duration`; ``never`` for an infinite time (a run that cannot finish)."""
+    if isinstance(seconds, float) and math.isinf(seconds) and seconds > 0:
+        return "never"
+    return fmt_duration(seconds)
 
 
 def _bound(row: tp.Dict[str, tp.Any], f: Fitted, ckpt_loss: float) -> tp.Tuple[str, str]:

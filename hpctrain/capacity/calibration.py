@@ -14,7 +14,7 @@ ranks gives two). Everything comes from the records hpctrain already writes (doc
   dataset size the loader recorded (``data_state.loader.num_samples``);
 * ``identity/``: the data fingerprint's HDF5 structure (samples and bytes per sample);
 * ``submission.json``: GPUs per node and the time limit;
-* ``capacity/allreduce.json``: the all-reduce probe of ``hpctrain.capacity.probe`` when the run had one.
+* ``capacity/allreduce.json``: the all-reduce probe of ``hpctrain.launch.probe`` when the run had one.
 
 Each field says where it came from; a missing record is a ``None`` field and one line in ``notes``.
 """
@@ -31,12 +31,12 @@ from pathlib import Path
 
 from hpctrain._files import shorten
 from hpctrain.errors import UsageError
-from hpctrain.rundir import RunDir, read_json, read_jsonl
+from hpctrain.run import checkpoint_dir as run_checkpoint_dir
+from hpctrain.rundir import PROBE_SCHEMA, RunDir, read_json, read_jsonl
 from hpctrain.status.schema import SCHEMAS, sanitize
 
 __all__ = ["Calibration", "PROBE_SCHEMA", "probe_path", "read_calibrations"]
 
-PROBE_SCHEMA = "hpctrain.capacity.allreduce/1"
 METRICS_TAIL_BYTES = 16 << 20
 """A calibration run is short; a long run's metrics are read as their last 16 MiB."""
 PARTS = ("data_wait_s", "forward_backward_s", "grad_comm_exposed_s", "optimizer_s", "checkpoint_s")
@@ -44,7 +44,7 @@ _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def probe_path(run_dir: tp.Union[str, "os.PathLike[str]"]) -> Path:
-    """Where :mod:`hpctrain.capacity.probe` writes its all-reduce timings in a run directory."""
+    """Where :mod:`hpctrain.launch.probe` (the node-side entry) writes its all-reduce timings in a run directory."""
     return RunDir(run_dir).capacity_probe
 
 
@@ -169,8 +169,7 @@ def _checkpoint(ckpt_dir: tp.Optional[str], notes: tp.List[str]) -> tp.Dict[str,
     """Size, gradient bytes and the loader's sample count of the newest committed checkpoint."""
     if not ckpt_dir or not os.path.isdir(ckpt_dir):
         return {}
-    from hpctrain.ckpt._reader import build_index
-    from hpctrain.ckpt._scan import scan
+    from hpctrain.ckpt import read_index, scan
     from hpctrain.errors import HpctrainError
 
     try:
@@ -186,7 +185,7 @@ def _checkpoint(ckpt_dir: tp.Optional[str], notes: tp.List[str]) -> tp.Dict[str,
     if isinstance(loader.get("num_samples"), int) and loader["num_samples"] > 0:
         out["dataset_samples"] = loader["num_samples"]
     try:
-        index = build_index(newest.path)
+        index = read_index(newest.path)
         grads = [
             math.prod(t.shape) * _ITEMSIZE[t.dtype]
             for key, t in index.tensors.items()
@@ -337,7 +336,7 @@ def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Cal
             pass
     policy = ((starts[-1].get("config") or {}).get("checkpoint") or {}) if starts else {}
     every_steps = policy.get("every_steps") if isinstance(policy.get("every_steps"), int) else None
-    ckpt_dir = next((s.get("checkpoint_dir") for s in reversed(starts) if s.get("checkpoint_dir")), None)
+    ckpt_dir = str(run_checkpoint_dir(paths, starts))  # the run's (hpctrain.run.checkpoint_dir)
     shared: tp.Dict[str, tp.Any] = {**_identity_data(paths, notes), **_checkpoint(ckpt_dir, notes)}
     fresh = [s["startup_s"] for s in starts if not s.get("resumed_from_step") and s.get("startup_s") is not None]
     resumed = [s for s in starts if s.get("resumed_from_step") and s.get("startup_s") is not None]

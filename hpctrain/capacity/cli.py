@@ -1,9 +1,9 @@
-"""``python -m hpctrain capacity RUN_DIR [RUN_DIR...] [targets] [--json] [--plot FILE]`` (login node, no torch).
+"""``python -m hpctrain capacity RUN_DIR [RUN_DIR...] [targets] [--json] [-o FILE]`` (login node, no torch).
 
 How many nodes to ask for, how long the run takes, how many GPU-hours, how often to checkpoint, what
 failures cost and what limits the run, predicted from calibration runs' own measurements
 (docs/capacity.md). ``--calibrate`` first submits short calibration runs of an entry (through
-``python -m hpctrain.submit``, with the all-reduce probe of :mod:`hpctrain.capacity.probe`) and then
+``python -m hpctrain.submit``, with the all-reduce probe of :mod:`hpctrain.launch.probe`) and then
 predicts from them.
 """
 
@@ -18,7 +18,7 @@ import sys
 import typing as tp
 from pathlib import Path
 
-from hpctrain._cli import EXIT_OK, add_json_flag, command_parser
+from hpctrain._cli import EXIT_OK, FORCE_HINT, add_json_flag, add_output, add_run_dir, command_parser, print_json
 from hpctrain._files import shorten
 from hpctrain._output import output_dir, output_file
 from hpctrain.errors import HpctrainError, UsageError
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m hpctrain capacity runs/cal-w1 runs/cal-w2 --nodes 1,8,64,512 --epochs 90\n"
         "  python -m hpctrain capacity --calibrate 1,2 --entry mypkg.train:main -- --steps 300\n",
     )
-    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="calibration run directories (several world sizes)")
+    add_run_dir(p, dest="run_dirs", nargs="*")  # calibration runs: several world sizes
     t = p.add_argument_group("targets")
     t.add_argument("--nodes", type=_nodes, help="node counts to predict (default 1,2,4,...,512)")
     t.add_argument("--gpus-per-node", type=int, help="ranks per node (default: the calibration's)")
@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--queue-wait", type=_nonneg("--queue-wait"), help="seconds queued per job and requeue")
     o = p.add_argument_group("output")
     add_json_flag(o)
-    o.add_argument("--plot", metavar="FILE", help="write the plot (.png or .svg; needs matplotlib: hpctrain[plot])")
+    # --plot FILE: the older spelling of -o, still accepted (not shown)
+    add_output(o, kind="file", help="the plot (.png or .svg; needs matplotlib: hpctrain[plot])", aliases=("--plot",))
     c = p.add_argument_group("calibration runs (submitted first, through python -m hpctrain.submit)")
     c.add_argument(
         "--calibrate", type=_sizes, metavar="SIZES", help="world sizes to calibrate at: 1,2 or 2x2 (nodes x ranks)"
@@ -196,7 +197,7 @@ def calibrate(
         placement = ["--gpus-per-node", str(per_node)] if gpus_per_node else ["--tasks-per-node", str(per_node)]
         argv = [sys.executable, "-m", "hpctrain.submit", "--nodes", str(nodes), *placement]
         argv += ["--job-name", f"capacity-{label}", "--run-dir", str(run_dir), "--follow", *submit_args]
-        argv += ["--entry", "hpctrain.capacity.probe:main", "--", "--entry", entry, "--", *entry_args]
+        argv += ["--entry", "hpctrain.launch.probe:main", "--", "--entry", entry, "--", *entry_args]
         log = out / f"{label}.log"
         echo(f"calibration {label}: {nodes} node(s) x {per_node} rank(s) -> {run_dir} (log {log})")
         with open(log, "wb") as f:
@@ -326,8 +327,7 @@ def _print(report: tp.Mapping[str, tp.Any], file: tp.Optional[tp.TextIO] = None)
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    from hpctrain.capacity.predict import capacity_report
-    from hpctrain.status.report import to_json
+    from hpctrain.capacity.predict import SCHEMA, capacity_report
 
     args = list(sys.argv[1:] if argv is None else argv)
     entry_args: tp.List[str] = []
@@ -337,12 +337,13 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     ns = build_parser().parse_args(args)
     targets = _targets(ns)
     plot = None
-    if ns.plot:
-        if Path(ns.plot).suffix.lower() not in (".png", ".svg"):
-            raise UsageError(f"--plot {shorten(ns.plot)!r}: name a .png or .svg file")
-        plot = output_file(ns.plot, label="--plot: ")  # checked before any calibration run is submitted
+    if ns.output:
+        if Path(ns.output).suffix.lower() not in (".png", ".svg"):
+            raise UsageError(f"-o {shorten(ns.output)!r}: name a .png or .svg file for the plot")
+        # checked before any calibration run is submitted
+        plot = output_file(ns.output, overwrite=ns.force, label="-o: ", hint=FORCE_HINT)
         if plot.to_stdout and ns.json:
-            raise UsageError("--plot names standard output, where --json prints the report; write the plot to a file")
+            raise UsageError("-o names standard output, where --json prints the report; write the plot to a file")
     submit_args = _submit_args(ns.submit_args)
     run_dirs: tp.List[tp.Any] = list(ns.run_dirs)
     if ns.calibrate:
@@ -367,16 +368,16 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         from hpctrain.capacity.plot import PlotUnavailable, render_plot
 
         try:
-            data = render_plot(report, Path(ns.plot).suffix.lower().lstrip("."))
+            data = render_plot(report, Path(ns.output).suffix.lower().lstrip("."))
         except PlotUnavailable as exc:
             report["notes"].append(f"plot not written: {exc}")
         else:
             plot.write_bytes(data)
-            report["plot"] = os.fspath(ns.plot)
+            report["plot"] = os.fspath(ns.output)
     if ns.json:
-        print(to_json(report))
+        print_json(report, schema=SCHEMA)
     else:
-        # the plot went to standard output (--plot /dev/stdout): the table goes to stderr, not into the image
+        # the plot went to standard output (-o /dev/stdout): the table goes to stderr, not into the image
         out = sys.stderr if plot is not None and plot.to_stdout else sys.stdout
         _print(report, file=out)
         if report.get("plot"):

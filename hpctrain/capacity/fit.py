@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 from hpctrain.capacity import model as m
 from hpctrain.capacity.calibration import Calibration
 from hpctrain.capacity.targets import Targets
+from hpctrain.defaults import DEFAULT_MTBF_NODE_HOURS
 from hpctrain.errors import UsageError
+from hpctrain.reliability import mtbf_node_hours_from_rate
 
 __all__ = ["Param", "Fitted", "fit", "interconnect_from_probe"]
 
@@ -166,7 +168,8 @@ def _comm(points: tp.Sequence[Calibration], targets: Targets, grad: float, notes
         lat = Param(lat_v * share, src_lat if given_lat is not None else "assumed", f"{lat_v * 1e6:.3g} us {what}")
         bw_note = f"busbw {(bw_v or 0) / 1e9:.3g} GB/s {what}"
         inv = Param(share / bw_v if bw_v else 0.0, src_bw if bw_v else "assumed", bw_note)
-        overlap = Param(max(0.0, 1.0 - share), "measured" if shares else "assumed")
+        # share: exposed seconds per second of all-reduce
+        overlap = Param(m.overlap_fraction(share, 1.0), "measured" if shares else "assumed")
         if share > 1.2:
             notes.append(
                 f"the measured exposed communication is {share:.1f}x the all-reduce itself at the calibration sizes "
@@ -300,10 +303,10 @@ def fit(points: tp.Sequence[Calibration], targets: Targets) -> Fitted:
         mtbf = Param(targets.mtbf_node_hours, "given")
     elif targets.failure_rate:
         mtbf = Param(
-            m.mtbf_node_hours_from_rate(targets.failure_rate), "given", f"{targets.failure_rate} per 1000 node-days"
+            mtbf_node_hours_from_rate(targets.failure_rate), "given", f"{targets.failure_rate} per 1000 node-days"
         )
     else:
-        mtbf = Param(m.DEFAULT_MTBF_NODE_HOURS, "assumed", "RSC-1's 6.50 failures per 1000 node-days (Kokolis et al.)")
+        mtbf = Param(DEFAULT_MTBF_NODE_HOURS, "assumed", "RSC-1's 6.50 failures per 1000 node-days (Kokolis et al.)")
 
     dataset = _median([p.dataset_samples for p in points])
     if targets.samples:

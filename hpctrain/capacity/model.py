@@ -1,4 +1,5 @@
-"""The capacity model's arithmetic: one small function per formula, no I/O, standard library only.
+"""The capacity model's arithmetic: one small function per formula, no I/O, standard library only; each
+called by the planner's live path (:mod:`hpctrain.capacity.fit`, :mod:`hpctrain.capacity.rows`).
 
 Units: seconds, bytes, bytes per second, samples. ``n`` is a number of ranks (GPUs, or processes on a CPU
 job), ``nodes`` a number of nodes. Sources (docs/capacity.md has the derivations and the checks):
@@ -7,12 +8,8 @@ job), ``nodes`` a number of nodes. Sources (docs/capacity.md has the derivations
   latency-bandwidth cost ``2 log2(n) a + 2 (n-1)/n S / B`` of an all-reduce that reaches both lower bounds
   (reduce-scatter by recursive halving, all-gather by recursive doubling: Thakur, Rabenseifner and Gropp,
   "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005);
-* checkpoint interval: Young, "A first order approximation to the optimum checkpoint interval", CACM 17(9),
-  1974 (``sqrt(2 delta M)``); Daly, "A higher order estimate of the optimum checkpoint interval for restart
-  dumps", FGCS 22(3), 2006 (the perturbation form);
-* effective training time ratio: Kokolis et al., "Revisiting Reliability in Large-Scale Machine Learning
-  Research Clusters", HPCA 2025 (arXiv 2410.21680): ``E[ETTR] ~ (1 - (u0 + tau/2)/M) / (1 + delta/tau)``
-  with the job's failure rate ``1/M = nodes * r_f``.
+* the reliability formulas (MTBF, Young/Daly, ETTR, failure loss) are :mod:`hpctrain.reliability`, shared
+  with the Trainer's ``every_minutes="auto"``; the default node MTBF is in :mod:`hpctrain.defaults`.
 """
 
 from __future__ import annotations
@@ -20,41 +17,21 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from hpctrain.reliability import HOUR
+
 __all__ = [
-    "HOUR",
-    "DEFAULT_FAILURES_PER_1000_NODE_DAYS",
-    "DEFAULT_MTBF_NODE_HOURS",
     "busbw_factor",
-    "busbw_from_time",
     "allreduce_latency_steps",
     "allreduce_seconds",
     "overlap_fraction",
-    "exposed_comm_seconds",
     "compute_seconds",
     "read_seconds",
     "data_wait_seconds",
     "throughput",
     "scaling_efficiency",
-    "train_seconds",
     "gpu_hours",
-    "mtbf_node_hours_from_rate",
-    "job_mtbf_seconds",
-    "young_interval",
-    "daly_interval",
-    "ettr",
-    "failure_loss_seconds",
     "time_limit_segments",
 ]
-
-HOUR = 3600.0
-
-DEFAULT_FAILURES_PER_1000_NODE_DAYS = 6.50
-"""Unplanned failures per 1000 node-days on Meta's RSC-1 (16k A100, 8 per node; Kokolis et al. 2025), the
-worse of the two clusters measured there: the default failure rate when none is given."""
-
-DEFAULT_MTBF_NODE_HOURS = 24.0 * 1000.0 / DEFAULT_FAILURES_PER_1000_NODE_DAYS
-"""About 3692 hours between unplanned failures of one node (RSC-1's rate): a 64-node job fails every ~58 h,
-a 512-node job every ~7.2 h."""
 
 
 def busbw_factor(n: int) -> float:
@@ -63,12 +40,6 @@ def busbw_factor(n: int) -> float:
     if n < 1:
         raise ValueError(f"busbw_factor: n must be >= 1, got {n}")
     return 2.0 * (n - 1) / n
-
-
-def busbw_from_time(nbytes: float, n: int, seconds: float) -> float:
-    """The bus bandwidth an all-reduce of ``nbytes`` over ``n`` ranks reached in ``seconds`` (nccl-tests:
-    ``algbw = S / t``, ``busbw = algbw * 2(n-1)/n``)."""
-    return nbytes / seconds * busbw_factor(n)
 
 
 def allreduce_latency_steps(n: int) -> int:
@@ -96,11 +67,6 @@ def overlap_fraction(exposed_s: float, allreduce_s: float) -> float:
     if allreduce_s <= 0:
         return 0.0
     return min(1.0, max(0.0, 1.0 - exposed_s / allreduce_s))
-
-
-def exposed_comm_seconds(allreduce_s: float, overlap: float) -> float:
-    """The communication a step waits for: ``(1 - overlap) * all-reduce``."""
-    return (1.0 - overlap) * allreduce_s
 
 
 def compute_seconds(local_batch: float, per_sample_s: float, per_step_s: float = 0.0) -> float:
@@ -145,53 +111,8 @@ def scaling_efficiency(throughput_n: float, nodes: float, throughput_1: float) -
     return throughput_n / (nodes * throughput_1)
 
 
-def train_seconds(samples: float, samples_per_s: float) -> float:
-    """Time stepping through ``samples`` at ``samples_per_s`` (no failures, no checkpoints)."""
-    return samples / samples_per_s
-
-
 def gpu_hours(seconds: float, gpus: int) -> float:
     return seconds * gpus / HOUR
-
-
-def mtbf_node_hours_from_rate(failures_per_1000_node_days: float) -> float:
-    """Kokolis et al.'s failure rate ``r_f`` (failures per 1000 node-days) as one node's MTBF in hours."""
-    return 24.0 * 1000.0 / failures_per_1000_node_days
-
-
-def job_mtbf_seconds(nodes: int, mtbf_node_hours: float) -> float:
-    """A job fails when any of its nodes does: ``M = M_node / nodes`` (``MTTF = 1 / (N r_f)``)."""
-    return mtbf_node_hours * HOUR / nodes
-
-
-def young_interval(delta: float, mtbf: float) -> float:
-    """Young (1974): the compute time between checkpoints that minimises the expected loss, ``sqrt(2 delta M)``
-    (``delta`` the time one checkpoint costs, ``M`` the job's MTBF)."""
-    return math.sqrt(2.0 * delta * mtbf)
-
-
-def daly_interval(delta: float, mtbf: float) -> float:
-    """Daly (2006), the higher-order optimum: for ``delta < 2M``,
-    ``sqrt(2 delta M) [1 + (1/3) sqrt(delta / 2M) + (1/9) (delta / 2M)] - delta``; else ``M``.
-    (Daly's own checks: M = 24 h, delta = 5 min -> 117 min; M = 6 h -> 57 min.)"""
-    if delta >= 2.0 * mtbf:
-        return mtbf
-    x = delta / (2.0 * mtbf)
-    return math.sqrt(2.0 * delta * mtbf) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
-
-
-def ettr(interval: float, delta: float, mtbf: float, restart: float) -> float:
-    """Kokolis et al. (2025), the expected effective training time ratio of a job that checkpoints every
-    ``interval`` seconds of training, stalling ``delta`` per checkpoint, failing every ``mtbf`` seconds and
-    losing ``restart`` seconds per failure (down time, start-up, restore, queue) besides the half interval
-    redone on average: ``(1 - (restart + interval/2) / M) / (1 + delta / interval)``, in [0, 1]."""
-    value = (1.0 - (restart + interval / 2.0) / mtbf) / (1.0 + delta / interval)
-    return min(1.0, max(0.0, value))
-
-
-def failure_loss_seconds(interval: float, restart: float) -> float:
-    """Expected time one failure costs: the half interval of training redone plus the restart."""
-    return interval / 2.0 + restart
 
 
 def time_limit_segments(run_s: float, time_limit_s: float, per_segment_s: float) -> tp.Optional[int]:

@@ -2,8 +2,8 @@
 
 :func:`step_parts` is the predicted step of one rank; each row adds throughput, the checkpoint interval
 (Young/Daly), failures, time-limit segments, wall time, GPU-hours and ETTR from the formulas of
-:mod:`hpctrain.capacity.model`, and names what bounds it (:mod:`hpctrain.capacity.advice`). The fields are
-in docs/capacity.md.
+:mod:`hpctrain.capacity.model` and :mod:`hpctrain.reliability`, and names what bounds it
+(:mod:`hpctrain.capacity.advice`). The fields are in docs/capacity.md.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from hpctrain import reliability as rel
 from hpctrain.capacity import model as m
 from hpctrain.capacity.advice import _bound
 from hpctrain.capacity.fit import Fitted
+from hpctrain.defaults import DEFAULT_MTBF_NODE_HOURS
 
 __all__ = ["step_parts", "predict"]
 
@@ -79,16 +81,18 @@ def _row(f: Fitted, nodes: int, thr_1: tp.Optional[float]) -> tp.Dict[str, tp.An
         commit = max(commit, f.checkpoint_bytes.value / f.write_bw.value)
     delta = f.save_stall_s.value if f.save_stall_s.value is not None else commit
     pending = max(0.0, commit - delta)  # an async save is not durable until written
-    mtbf = m.job_mtbf_seconds(nodes, f.mtbf_node_hours.value or m.DEFAULT_MTBF_NODE_HOURS)
+    mtbf = rel.job_mtbf_seconds(nodes, f.mtbf_node_hours.value or DEFAULT_MTBF_NODE_HOURS)
     startup, restore, queue = f.startup_s.value or 0.0, f.restore_s.value or 0.0, f.queue_wait_s.value or 0.0
     restart = queue + startup + restore
-    young = m.young_interval(delta, mtbf) if delta else None
-    daly = m.daly_interval(delta, mtbf) if delta else None
+    young = rel.young_interval(delta, mtbf) if delta else None
+    daly = rel.daly_interval(delta, mtbf) if delta else None
     tau = daly if daly else None
     if tau:
-        ettr = m.ettr(tau, delta, mtbf, restart + pending)
-    else:  # no save cost measured: Young/Daly has no optimum; count failures as losing half the run's progress
-        ettr = max(0.0, 1.0 - restart / mtbf)
+        per_failure = rel.failure_loss_seconds(tau, restart + pending)
+        ettr = rel.ettr(tau, delta, mtbf, restart + pending)
+    else:  # no save cost measured: checkpointing is free, the interval tends to 0 and a failure costs its restart
+        per_failure = rel.failure_loss_seconds(0.0, restart)
+        ettr = max(0.0, 1.0 - per_failure / mtbf)
     run = work / ettr if ettr > 0 else math.inf
     limit = f.time_limit_s.value
     segments: tp.Optional[int] = 1
@@ -100,7 +104,9 @@ def _row(f: Fitted, nodes: int, thr_1: tp.Optional[float]) -> tp.Dict[str, tp.An
         wall = queue + startup + run + (segments - 1) * (queue + startup + restore + commit)
     charged = wall - segments * queue if segments and math.isfinite(wall) else math.inf
     ckpt_loss = work * delta / tau if tau else 0.0
-    fail_loss = max(0.0, run - work - ckpt_loss) if math.isfinite(run) else math.inf
+    expected = run / mtbf if math.isfinite(run) else None
+    # the failures expected over the run, each costing its half interval redone and its restart (docs/capacity.md)
+    fail_loss = expected * per_failure if expected is not None else math.inf
     eff = m.scaling_efficiency(thr, nodes, thr_1) if thr_1 else None
     mfu = None
     if f.peak_flops.value and f.flops_per_sample.value:
@@ -127,7 +133,7 @@ def _row(f: Fitted, nodes: int, thr_1: tp.Optional[float]) -> tp.Dict[str, tp.An
         failures={
             "job_mtbf_s": mtbf,
             "restart_s": restart,
-            "expected": run / mtbf if math.isfinite(run) else None,
+            "expected": expected,
             "lost_s": fail_loss,
         },
         ettr=ettr,

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain._cli import add_json_flag, add_subcommands, command_parser
-from hpctrain._files import fmt_bytes
+from hpctrain._cli import STEP_HELP, add_json_flag, add_subcommands, command_parser, print_json
+from hpctrain._human import fmt_bytes
 from hpctrain.ckpt._format import CheckpointFormatError, step_name
 from hpctrain.ckpt._reader import digest_dir, verify_dir
 from hpctrain.ckpt._scan import (
@@ -24,15 +23,23 @@ from hpctrain.ckpt._scan import (
 )
 from hpctrain.errors import HpctrainError, UsageError
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser", "SCHEMAS"]
+
+SCHEMAS = {
+    "ls": "hpctrain.ckpt.ls/1",
+    "verify": "hpctrain.ckpt.verify/1",
+    "gc": "hpctrain.ckpt.gc/1",
+    "digest": "hpctrain.ckpt.digest/1",
+}
+"""The ``schema`` of each sub-command's ``--json`` object (``ls`` and ``verify``: ``{"checkpoints": [...]}``)."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = command_parser("ckpt", "List, verify, digest and clean hpctrain checkpoints.")
     sub = add_subcommands(p)
     ls = sub.add_parser("ls", help="table of checkpoints: step, status, world size, bytes, time")
     verify = sub.add_parser("verify", help="check sizes and checksums against the manifest (exit 1 if invalid)")
-    verify.add_argument("--step", type=int, help="only this step (default: every committed step)")
+    verify.add_argument("--step", type=int, metavar="N", help="only this step (default: every committed step)")
     verify.add_argument("--no-checksums", action="store_true", help="sizes and headers only (fast)")
     gc = sub.add_parser("gc", help="delete all but the newest K committed checkpoints and abandoned temporaries")
     gc.add_argument("--keep", type=int, required=True, help="committed checkpoints to keep (>= 1)")
@@ -47,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true", help="print what would be deleted")
     digest = sub.add_parser("digest", help="content hash per state entry, independent of the world size")
-    digest.add_argument("--step", type=int, help="default: newest committed step")
+    digest.add_argument("--step", type=int, metavar="N", help=STEP_HELP)
     for sp in (ls, verify, gc, digest):
         sp.add_argument("dir", type=Path, help="the checkpoint directory (CheckpointConfig.dir)")
         add_json_flag(sp)
@@ -91,7 +98,7 @@ def _ls(args: argparse.Namespace) -> int:
             }
         )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json({"dir": str(args.dir), "checkpoints": rows}, schema=SCHEMAS["ls"])
         return 0
     from rich.console import Console
     from rich.markup import escape
@@ -139,7 +146,8 @@ def _verify(args: argparse.Namespace) -> int:
         except CheckpointFormatError as exc:
             results.append({"step": e.step, "name": e.name, "valid": False, "error": str(exc)})
     if args.json:
-        print(json.dumps(results, indent=2))
+        ok = all(r["valid"] for r in results)
+        print_json({"dir": str(args.dir), "ok": ok, "checkpoints": results}, schema=SCHEMAS["verify"])
     else:
         for r in results:
             print(f"{r['name']}: {'OK' if r['valid'] else 'INVALID: ' + r['error']}")
@@ -172,7 +180,7 @@ def _gc(args: argparse.Namespace) -> int:
         "kept": [e.name for e in entries if e.status == "committed" and e not in doomed],
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json({"dir": str(args.dir), "dry_run": bool(args.dry_run), **out}, schema=SCHEMAS["gc"])
     else:
         verb = "would " if args.dry_run else ""
         for name in out.get("deleted", out.get("would_delete", [])):
@@ -192,7 +200,7 @@ def _digest(args: argparse.Namespace) -> int:
     except CheckpointFormatError as exc:
         raise HpctrainError(f"cannot digest {e.name}: {exc}") from None
     if args.json:
-        print(json.dumps({"step": e.step, "name": e.name, "digests": digests}, indent=2))
+        print_json({"step": e.step, "name": e.name, "digests": digests}, schema=SCHEMAS["digest"])
     else:
         print(f"{step_name(e.step)}")
         for k, v in digests.items():
@@ -201,5 +209,5 @@ def _digest(args: argparse.Namespace) -> int:
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     return {"ls": _ls, "verify": _verify, "gc": _gc, "digest": _digest}[args.cmd](args)

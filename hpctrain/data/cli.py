@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -11,14 +10,18 @@ import typing as tp
 
 import numpy as np
 
-from hpctrain._cli import add_json_flag, add_subcommands, command_parser
+from hpctrain._cli import FORCE_HINT, add_json_flag, add_output, add_subcommands, command_parser, print_json
+from hpctrain._human import fmt_bytes
 from hpctrain._lustre import LustreCommands
 from hpctrain._output import output_file
 from hpctrain.data._h5 import DAMAGE_ERRORS, TORCH_DTYPES, damaged, open_h5
 from hpctrain.data._resolve import dataset_files, open_dataset
 from hpctrain.errors import UsageError
 
-__all__ = ["main", "inspect_file"]
+__all__ = ["main", "build_parser", "inspect_file", "SCHEMAS"]
+
+SCHEMAS = {"inspect": "hpctrain.data.inspect/1", "synth": "hpctrain.data.synth/1", "hash": "hpctrain.data.hash/1"}
+"""The ``schema`` of each sub-command's ``--json`` object."""
 
 MiB = 1 << 20
 _ONE_OST_WARN_BYTES = 1 << 30  # a file this large on one OST serialises every reader on one server
@@ -94,7 +97,7 @@ def _describe(path: str, name: str, ds: tp.Any, link: tp.Optional[str], warnings
             )
         if chunk_bytes is not None and row["nbytes"] >= MiB and not MiB <= chunk_bytes <= 8 * MiB:
             warnings.append(
-                f"{name}: chunk is {chunk_bytes / MiB:.3g} MiB, outside the 1-8 MiB sweet spot for parallel filesystems"
+                f"{name}: chunk is {fmt_bytes(chunk_bytes)}, outside the 1-8 MiB sweet spot for parallel filesystems"
             )
     return row
 
@@ -127,7 +130,7 @@ def inspect_file(
     stripe = (lustre or LustreCommands()).stripe(path)
     if stripe is not None and stripe.count == 1 and size > _ONE_OST_WARN_BYTES:
         warnings.append(
-            f"{size / 2**30:.1f} GiB on a single OST (stripe {stripe}); ask your centre about striping or a PFL layout"
+            f"{fmt_bytes(size)} on a single OST (stripe {stripe}); ask your centre about striping or a PFL layout"
         )
     return {
         "path": path,
@@ -146,17 +149,17 @@ def _inspect(args: argparse.Namespace) -> int:
     keys = [k for k in args.keys.split(",") if k] if args.keys else None
     reports = [inspect_file(path, keys) for path in args.files]  # every file checked before any output
     if args.json:
-        print(json.dumps({"files": reports}, indent=2))
+        print_json({"files": reports}, schema=SCHEMAS["inspect"])
         return 0
     console = Console()
     code = 0
     for info in reports:
         stripe = info["stripe"]
-        title = f"{escape(str(info['path']))}  ({info['size'] / MiB:.1f} MiB" + (
-            f", stripe {stripe['count']} x {stripe['size'] // 1024} KiB)" if stripe else ")"
+        title = f"{escape(str(info['path']))}  ({fmt_bytes(info['size'])}" + (
+            f", stripe {stripe['count']} x {fmt_bytes(stripe['size'])})" if stripe else ")"
         )
         table = Table(title=title, title_justify="left")
-        for col in ("key", "shape", "dtype", "chunks", "chunk MiB", "compression"):
+        for col in ("key", "shape", "dtype", "chunks", "chunk", "compression"):
             table.add_column(col)
         for r in info["datasets"]:
             comp = r["compression"] or "-"
@@ -169,7 +172,7 @@ def _inspect(args: argparse.Namespace) -> int:
                 str(tuple(r["shape"] or ())),
                 escape(r["dtype"]),
                 str(tuple(r["chunks"])) if r["chunks"] else "contiguous",
-                f"{r['chunk_bytes'] / MiB:.3f}" if r["chunk_bytes"] else "-",
+                fmt_bytes(r["chunk_bytes"]) if r["chunk_bytes"] else "-",
                 comp,
             )
         console.print(table)
@@ -191,6 +194,9 @@ _SYNTH_MAX_SAMPLE_BYTES = 1 << 30  # synth holds at least one sample in memory w
 def _synth(args: argparse.Namespace) -> int:
     from hpctrain.data.synth import make_dataset
 
+    if (args.out is None) == (args.output is None):
+        raise UsageError("data synth: name the file to write once: -o OUT.h5 (or the older positional OUT.h5)")
+    out_name = args.output if args.output is not None else args.out
     shape = _positive_ints(args.shape, "--shape")
     if args.samples < 0:
         raise UsageError(f"data synth: --samples must be >= 0, got {args.samples}")
@@ -215,7 +221,9 @@ def _synth(args: argparse.Namespace) -> int:
         )
     # the one owner of user-named outputs: a file is replaced atomically, a symlink's target written, a device or
     # FIFO written through; a directory or a parent that is not one is one line, before anything is written
-    target = output_file(args.out, label="data synth: ")
+    target = output_file(out_name, overwrite=args.force, label="data synth: ", hint=FORCE_HINT)
+    if target.to_stdout and args.json:
+        raise UsageError("data synth: -o names standard output, where --json prints the summary; name a file")
     parent = tempfile.gettempdir() if target.stream else os.fspath(target.path.parent)
     total = (sample_bytes + 8) * args.samples
     free = os.statvfs(parent).f_bavail * os.statvfs(parent).f_frsize
@@ -237,10 +245,22 @@ def _synth(args: argparse.Namespace) -> int:
         )
     )
     chunk = min(args.chunk_samples or 64, max(1, args.samples))
+    if args.json:
+        summary = {
+            "output": out_name,
+            "samples": args.samples,
+            "shape": list(shape),
+            "dtype": dtype.name,
+            "chunk_samples": chunk if comp or args.chunk_samples else None,
+            "compression": comp,
+            "bytes": target.size,
+        }
+        print_json(summary, schema=SCHEMAS["synth"])
+        return 0
     print(
-        f"wrote {args.out}: {args.samples} samples of x{list(shape)} {dtype.name} + y int64, "
+        f"wrote {out_name}: {args.samples} samples of x{list(shape)} {dtype.name} + y int64, "
         f"{f'chunk {chunk}' if comp or args.chunk_samples else 'contiguous'}"
-        f"{', ' + comp if comp else ''} ({target.size / MiB:.1f} MiB)",
+        f"{', ' + comp if comp else ''} ({fmt_bytes(target.size)})",
         file=sys.stderr if target.to_stdout else sys.stdout,
     )
     return 0
@@ -262,11 +282,11 @@ def _hash(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"{result['sha256']}  {path}", flush=True)  # sha256sum's format
     if args.json:
-        print(json.dumps({"files": results}, indent=2))
+        print_json({"files": results}, schema=SCHEMAS["hash"])
     return 0
 
 
-def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = command_parser(
         "data", "Inspect HDF5 inputs, hash them (the run identity's full content tier), and synthesise demo datasets."
     )
@@ -277,8 +297,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     add_json_flag(p)
     p.set_defaults(fn=_inspect)
     s = sub.add_parser("synth", help="write a demo/benchmark dataset (x float32 samples, y int64 labels)")
-    s.add_argument("out", metavar="OUT.h5")
-    s.add_argument("--samples", type=int, required=True)
+    s.add_argument("out", nargs="?", metavar="OUT.h5", help="the older spelling of -o OUT.h5")
+    add_output(s, kind="file", help="the HDF5 file")
+    s.add_argument("--samples", type=int, required=True, help="samples to write")
     s.add_argument("--shape", default="3,32,32", help="sample shape, comma-separated (default 3,32,32)")
     s.add_argument("--dtype", default="float32")
     s.add_argument(
@@ -287,10 +308,15 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     s.add_argument("--compression", choices=("none", "gzip", "lzf"), default="none")
     s.add_argument("--level", type=int, default=4, help="gzip level (default 4)")
     s.add_argument("--seed", type=int, default=0)
+    add_json_flag(s)
     s.set_defaults(fn=_synth)
     h = sub.add_parser("hash", help="full sha256 of every byte of each file (sha256sum's output; --json: size, time)")
     h.add_argument("files", nargs="+", metavar="FILE")
     add_json_flag(h)
     h.set_defaults(fn=_hash)
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    return parser
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
     return int(args.fn(args))

@@ -9,8 +9,8 @@ every changed tracked file and every untracked file (``git ls-files --others --e
 size and sha256. Outside a git repository (or where git is missing, refuses the directory, or ignores the
 file), :func:`capture_files` hashes the entry's package files instead: a sorted walk, names and contents.
 The private keys of a capture (the diff and file bytes) are for the code snapshot,
-:mod:`hpctrain.identity.snapshot` (its writer and its reader, ``write_snapshot`` and ``restore_snapshot``,
-are still importable from here); :func:`public_code` is what the manifest keeps.
+:mod:`hpctrain.identity.snapshot` (its writer and its reader, ``write_snapshot`` and ``restore_snapshot``);
+:func:`public_code` is what the manifest keeps.
 
 Files that look like credentials (:class:`hpctrain.identity.redact.SecretRule`: their name, the user's
 ``[run] secret_patterns``, a private key's header) are listed and hashed, never kept: their entries say
@@ -39,8 +39,8 @@ import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain._entry import entry_location
 from hpctrain._files import sha256_fd, shorten
-from hpctrain.errors import UsageError
 from hpctrain.identity.redact import (
     DIFF_KEY_REGEX,
     HEAD_BYTES,
@@ -281,29 +281,6 @@ def _withhold(rule: SecretRule, rel: str, info: tp.Dict[str, tp.Any]) -> tp.Opti
 
 def _public(entry: tp.Dict[str, tp.Any]) -> tp.Dict[str, tp.Any]:
     return {k: v for k, v in entry.items() if not k.startswith("_")}
-
-
-def entry_location(entry: str) -> tp.Tuple[tp.Optional[Path], tp.Optional[Path], str]:
-    """``(entry file, package root, why not)`` of ``module:function``, found without importing anything.
-
-    The package root is the top-level package's directory (``mypkg/`` for ``mypkg.sub.train``), or the
-    module's own file for a top-level module: what is hashed when the entry lives outside git."""
-    from hpctrain._entry import split_entry
-    from hpctrain.submit.entry import find_module_file
-
-    try:
-        module = split_entry(entry)[0]
-        file, _ = find_module_file(module)
-    except UsageError as exc:
-        return None, None, str(exc)
-    if file is None:
-        return None, None, f"{entry}: its module has no Python source file"
-    path = Path(file).resolve()
-    depth = module.count(".")
-    root = path if depth == 0 else path.parents[depth - 1]
-    if path.name == "__init__.py":  # `--entry pkg:main` names a package
-        root = path.parents[depth]
-    return path, root, ""
 
 
 # ----------------------------------------------------------------------------------------------- git
@@ -679,14 +656,3 @@ def dirty_summary(code: tp.Mapping[str, tp.Any]) -> tp.List[str]:
             shown = ", ".join(files[:8]) + (f" (+{repo['dirty_count'] - 8} more)" if repo["dirty_count"] > 8 else "")
             phrases.append(f"{'the entry' if name == 'entry' else name}'s repository {repo['root']} is dirty: {shown}")
     return phrases
-
-
-def __getattr__(name: str) -> tp.Any:
-    # The snapshot's writer and reader moved to hpctrain.identity.snapshot, which imports this module's capture
-    # and hashing: resolved on first use, so that `from hpctrain.identity.code import write_snapshot` keeps
-    # working (and the snapshot README's name for it) without the two modules importing each other at import
-    if name in ("write_snapshot", "restore_snapshot"):
-        from hpctrain.identity import snapshot
-
-        return getattr(snapshot, name)
-    raise AttributeError(f"module 'hpctrain.identity.code' has no attribute {name!r}")

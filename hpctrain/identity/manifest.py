@@ -58,7 +58,7 @@ __all__ = [
     "section_essentials",
     "section_digests",
     "identity_hash",
-    "ownership",
+    "ownership_record",
     "require_clean",
     "capture_submit",
     "capture_start",
@@ -333,7 +333,7 @@ def _user() -> str:
         return f"uid {os.getuid()}"
 
 
-def ownership(
+def ownership_record(
     owner: tp.Optional[str] = None, team: tp.Optional[str] = None, notes: tp.Optional[str] = None
 ) -> tp.Dict[str, tp.Any]:
     """``{"owner", "owner_source", "team", "notes"}``: the owner given, else the user running this."""
@@ -512,7 +512,9 @@ def capture_submit(
         "config": _config_from(cfg),
         "data": None,
         "runtime": capture_runtime(node=False),
-        "ownership": ownership(getattr(cfg, "owner", None), getattr(cfg, "team", None), getattr(cfg, "notes", None)),
+        "ownership": ownership_record(
+            getattr(cfg, "owner", None), getattr(cfg, "team", None), getattr(cfg, "notes", None)
+        ),
     }
     runtime_s = time.perf_counter() - started - code_s
     first = read_json(paths.identity_submit, []) if paths.identity_submit.exists() else None
@@ -619,7 +621,7 @@ def capture_start(
         },
         "data": None,
         "runtime": capture_runtime(node=True, hostnames=hostnames),
-        "ownership": submit.get("ownership") or ownership(),
+        "ownership": submit.get("ownership") or ownership_record(),
     }
     manifest["capture_s"] = round(time.perf_counter() - started, 4)
     manifest["timings"] = {"code_s": round(code_s, 4), "runtime_s": round(manifest["capture_s"] - code_s, 4)}

@@ -154,7 +154,7 @@ def _add_repository(
     _add_bytes(tar, f"{name}/MANIFEST.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
 
 
-_README = b"""hpctrain code snapshot (hpctrain.identity.code.write_snapshot)
+_README = b"""hpctrain code snapshot (hpctrain.identity.snapshot.write_snapshot)
 
 For each repository (entry/, and hpctrain/ when hpctrain is not in the entry's repository):
   git:    tree/       git archive of the recorded commit (MANIFEST.json: commit, branch, remotes)

@@ -4,7 +4,8 @@ Every rank writes :meth:`RunDir.rank_end <hpctrain.rundir.RunDir.rank_end>` (its
 stopped, user error or peer failure). One rank then decides for the job (one ``scontrol requeue`` per
 attempt, never one per rank): rank 0, or, when rank 0 died (a SIGKILL, its node), the lowest surviving rank,
 which finds no end record of any lower rank within ``takeover_wait_s``. The decision is claimed by creating
-:meth:`RunDir.attempt_exit <hpctrain.rundir.RunDir.attempt_exit>` exclusively, so a slow rank 0 and a survivor never both requeue:
+:meth:`RunDir.attempt_exit <hpctrain.rundir.RunDir.attempt_exit>` exclusively, so a slow rank 0 and a
+survivor never both requeue:
 
 1. cause: :func:`hpctrain.runtime.preemption.classify_end` (the agreed signal, its own exception, the
    other ranks' end files, Slurm's view of the job);

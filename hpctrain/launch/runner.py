@@ -15,7 +15,6 @@ the end and rank 0 requeues the job with ``scontrol requeue`` when the policy sa
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import socket
 import sys
@@ -24,29 +23,11 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
-from hpctrain._entry import split_entry
-from hpctrain.errors import UsageError
+from hpctrain._entry import load_entry, split_entry
 from hpctrain.launch.settings import RunnerSettings, add_arguments
 from hpctrain.rundir import RunDir
 
 __all__ = ["Runner", "load_entry"]
-
-
-def load_entry(entry: str) -> tp.Callable[..., tp.Any]:
-    """Import ``module:function`` (on the node) and return the function."""
-    module_name, func = split_entry(entry)
-    try:
-        obj: tp.Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise UsageError(f"--entry {entry!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    for part in func.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(f"--entry {entry!r}: {module_name!r} has no attribute {func!r}") from None
-    if not callable(obj):
-        raise UsageError(f"--entry {entry!r} is not callable")
-    return tp.cast(tp.Callable[..., tp.Any], obj)
 
 
 def _torch_threads() -> tp.Optional[int]:

@@ -12,6 +12,7 @@ that is not a run directory is :class:`~hpctrain.errors.UsageError` (``collect``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import time
@@ -21,11 +22,23 @@ from pathlib import Path
 
 from hpctrain._files import shorten
 from hpctrain.errors import HpctrainError
+from hpctrain.run import Attempt as RunAttempt
+from hpctrain.run import attempts as run_attempts
+from hpctrain.run import checkpoint_dir, recorded_checkpoint_dirs
 from hpctrain.rundir import RunDir, read_jsonl
 from hpctrain.status.report import collect
 from hpctrain.status.schema import MAX_PROBLEMS, SCHEMAS, sanitize
 
-__all__ = ["gather", "read_metrics", "check_run_dir", "RunData", "Attempt", "METRICS_WINDOW", "CHECKPOINT_ROWS"]
+__all__ = [
+    "gather",
+    "read_metrics",
+    "check_run_dir",
+    "RunData",
+    "ReportAttempt",
+    "Attempt",
+    "METRICS_WINDOW",
+    "CHECKPOINT_ROWS",
+]
 
 METRICS_WINDOW = 64 << 20
 """Bytes read from the end of ``metrics.jsonl`` (about 40 000 interval records); an older head is a note."""
@@ -34,26 +47,44 @@ CHECKPOINT_ROWS = 100
 
 
 @dataclass
-class Attempt:
-    """One start of the training: its ledger records (sanitised; any may be missing) and its metrics."""
+class ReportAttempt:
+    """One attempt as the report draws it: the run's attempt (:class:`hpctrain.run.Attempt`, from the
+    sanitised ledger by :func:`hpctrain.run.attempts`, whose label it shows) and the metrics drawn for it."""
 
-    index: int
-    """1-based, in ledger order."""
-    start: tp.Optional[tp.Dict[str, tp.Any]] = None
-    end: tp.Optional[tp.Dict[str, tp.Any]] = None
-    exit: tp.Optional[tp.Dict[str, tp.Any]] = None
+    attempt: RunAttempt
     intervals: tp.List[tp.Dict[str, tp.Any]] = field(default_factory=list)
     evals: tp.List[tp.Dict[str, tp.Any]] = field(default_factory=list)
     lost_after_s: tp.Optional[float] = None
     """Progress redone after this attempt (the next start's ``lost_s``)."""
-    job_id: tp.Optional[str] = None
-    restart_count: tp.Optional[int] = None
+
+    @property
+    def index(self) -> int:
+        """1-based, in ledger order."""
+        return self.attempt.index
+
+    @property
+    def start(self) -> tp.Optional[tp.Dict[str, tp.Any]]:
+        return self.attempt.start
+
+    @property
+    def end(self) -> tp.Optional[tp.Dict[str, tp.Any]]:
+        return self.attempt.end
+
+    @property
+    def exit(self) -> tp.Optional[tp.Dict[str, tp.Any]]:
+        return self.attempt.exit
+
+    @property
+    def job_id(self) -> str:
+        return self.attempt.job_id
+
+    @property
+    def restart_count(self) -> tp.Optional[int]:
+        return self.attempt.restart_count
 
     @property
     def label(self) -> str:
-        if self.restart_count is None and self.job_id is None:
-            return f"attempt {self.index}"
-        return f"{self.job_id or 'local'}-r{self.restart_count if self.restart_count is not None else '?'}"
+        return self.attempt.label
 
     @property
     def first_step_time(self) -> tp.Optional[float]:
@@ -122,6 +153,10 @@ class Attempt:
         return "; ".join(parts)
 
 
+Attempt = ReportAttempt
+"""The name the report's page modules know."""
+
+
 @dataclass
 class RunData:
     """Everything the page draws; every value of its schema's type or None."""
@@ -131,7 +166,7 @@ class RunData:
     """:func:`hpctrain.status.report.collect`'s report (job, progress, ledger, identity, approvals, ...)."""
     intervals: tp.List[tp.Dict[str, tp.Any]]
     evals: tp.List[tp.Dict[str, tp.Any]]
-    attempts: tp.List[Attempt]
+    attempts: tp.List[ReportAttempt]
     checkpoints: tp.List[tp.Dict[str, tp.Any]]
     capacity: tp.Optional[tp.Dict[str, tp.Any]]
     """``{"summary": str, "image": bytes, "mime": str, "note": str}`` (each key only when there is one), or None
@@ -182,49 +217,31 @@ def read_metrics(
     return intervals, evals
 
 
-def _attempts(ledger: tp.List[tp.Dict[str, tp.Any]]) -> tp.List[Attempt]:
-    """The ledger (sanitised, in file order) as attempts: a start opens one; an end or exit closes the
-    current one, or opens one of its own (an entry that failed before the Trainer's start record)."""
-    out: tp.List[Attempt] = []
-    for rec in ledger:
-        event = rec.get("event")
-        key = (rec.get("job_id"), rec.get("restart_count"))
-        cur = out[-1] if out else None
-        if event == "start":
-            a = Attempt(len(out) + 1, start=rec, job_id=key[0], restart_count=key[1])
-            if cur is not None:
-                cur.lost_after_s = rec.get("lost_s")
-            out.append(a)
-        elif event == "end":
-            if cur is None or cur.end is not None or cur.exit is not None:
-                cur = Attempt(len(out) + 1)
-                out.append(cur)
-            cur.end = rec
-        elif event == "exit":
-            same = cur is not None and (cur.job_id is None or key[0] is None or (cur.job_id, cur.restart_count) == key)
-            if cur is None or cur.exit is not None or not same:
-                cur = Attempt(len(out) + 1, job_id=key[0], restart_count=key[1])
-                out.append(cur)
-            cur.exit = rec
-            if cur.job_id is None and cur.restart_count is None:
-                cur.job_id, cur.restart_count = key
+def _attempts(ledger: tp.List[tp.Dict[str, tp.Any]]) -> tp.List[ReportAttempt]:
+    """The ledger (sanitised, in file order) as the run's attempts (:func:`hpctrain.run.attempts`, its pairing
+    rule); each attempt followed by a start gets that start's ``lost_s``."""
+    out = [ReportAttempt(a) for a in run_attempts(ledger)]
+    for prev, a in zip(out, out[1:]):
+        if a.start is not None:
+            prev.lost_after_s = a.start.get("lost_s")
     return out
 
 
-def _attempts_from_metrics(intervals: tp.List[tp.Dict[str, tp.Any]]) -> tp.List[Attempt]:
+def _attempts_from_metrics(intervals: tp.List[tp.Dict[str, tp.Any]]) -> tp.List[ReportAttempt]:
     """Without a ledger: a new attempt where the writer's job or restart changes, or the step goes back."""
-    out: tp.List[Attempt] = []
+    out: tp.List[ReportAttempt] = []
     prev: tp.Optional[tp.Dict[str, tp.Any]] = None
     for rec in intervals:
         key = (rec.get("job_id"), rec.get("restart_count"))
         if prev is None or key != (prev.get("job_id"), prev.get("restart_count")) or rec["step"] <= prev["step"]:
-            out.append(Attempt(len(out) + 1, job_id=key[0], restart_count=key[1]))
+            restart = key[1] if type(key[1]) is int else None
+            out.append(ReportAttempt(RunAttempt(str(key[0] or ""), restart, index=len(out) + 1)))
         out[-1].intervals.append(rec)
         prev = rec
     return out
 
 
-def _assign(attempts: tp.List[Attempt], records: tp.List[tp.Dict[str, tp.Any]], kind: str) -> None:
+def _assign(attempts: tp.List[ReportAttempt], records: tp.List[tp.Dict[str, tp.Any]], kind: str) -> None:
     """Each timed record to the newest attempt that began before it (records before the first: the first)."""
     starts = [(a.process_start, a) for a in attempts if a.process_start is not None]
     if not starts:
@@ -254,7 +271,7 @@ def _dir_problem(path: str, shown: str) -> str:
 def _checkpoints(dirs: tp.List[str], notes: tp.List[str]) -> tp.List[tp.Dict[str, tp.Any]]:
     """Every entry of the checkpoint directories (the checkpoint package's scan: committed means a valid
     manifest), newest :data:`CHECKPOINT_ROWS`."""
-    from hpctrain.ckpt._scan import scan
+    from hpctrain.ckpt import scan
 
     rows: tp.List[tp.Dict[str, tp.Any]] = []
     for d in dirs:
@@ -390,15 +407,12 @@ def gather(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None) 
     else:
         attempts = _attempts_from_metrics(intervals) + [a for a in attempts if not a.intervals]
         for i, a in enumerate(attempts, start=1):
-            a.index = i
+            a.attempt = dataclasses.replace(a.attempt, index=i, later_attempt=i < len(attempts))
     _assign(attempts, evals, "evals")
-    dirs: tp.List[str] = []
-    for a in attempts:
-        d = (a.start or {}).get("checkpoint_dir")
-        if d and d not in dirs:
-            dirs.append(d)
-    if not dirs and os.path.isdir(paths.checkpoints):
-        dirs.append(str(paths.checkpoints))
+    # every directory the starts named (older ones too), the run's own last (hpctrain.run.checkpoint_dir)
+    named = recorded_checkpoint_dirs(ledger)
+    own = str(checkpoint_dir(paths, ledger))
+    dirs = [d for d in named[:-1] if d != own] + ([own] if named or os.path.isdir(own) else [])
     checkpoints = _checkpoints(dirs, notes)
     capacity = _capacity(root, notes)
     return RunData(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hpctrain._files import fmt_bytes
+from hpctrain._human import fmt_bytes, fmt_duration
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_html import _card, _colored, _empty, _pct, _pill, _section, _table, _when
 from hpctrain.report.svg_timeline import Row, timeline
-from hpctrain.report.text import esc, fmt_seconds
+from hpctrain.report.text import esc
 
 TIMELINE_ROWS = 60
 """Attempts drawn on the timeline (the newest); the attempts table lists them all."""
@@ -29,9 +29,9 @@ def _timeline(data: RunData) -> str:
         frm, to = start.get("resumed_from_step"), a.last_step
         text = f"steps {frm if frm is not None else '?'}→{to if to is not None else '?'}"
         if start.get("startup_s") is not None:
-            text += f" · start-up {fmt_seconds(start['startup_s'])}"
+            text += f" · start-up {fmt_duration(start['startup_s'])}"
         if a.lost_after_s:
-            text += f" · lost {fmt_seconds(a.lost_after_s)}"
+            text += f" · lost {fmt_duration(a.lost_after_s)}"
         text += f" · {a.why_ended}"
         title = f"attempt {a.index} ({a.label}): {a.outcome}; {a.why_ended}"
         rows.append(
@@ -64,11 +64,11 @@ def _timeline(data: RunData) -> str:
             '<div class="cards">'
             + "".join(
                 [
-                    _card("wall time", esc(fmt_seconds(wall)), "first process start to the last record"),
-                    _card("training", esc(fmt_seconds(training)), "first step to last record, all attempts"),
-                    _card("start-up", esc(fmt_seconds(startup)), f"over {len(known)} attempt(s)"),
-                    _card("down / queued", esc(fmt_seconds(idle)), "between attempts, nothing running"),
-                    _card("progress redone", esc(fmt_seconds(lost)), "after restarts (ledger lost_s)"),
+                    _card("wall time", esc(fmt_duration(wall)), "first process start to the last record"),
+                    _card("training", esc(fmt_duration(training)), "first step to last record, all attempts"),
+                    _card("start-up", esc(fmt_duration(startup)), f"over {len(known)} attempt(s)"),
+                    _card("down / queued", esc(fmt_duration(idle)), "between attempts, nothing running"),
+                    _card("progress redone", esc(fmt_duration(lost)), "after restarts (ledger lost_s)"),
                     _card("useful share", _pct(useful / wall if wall > 0 else None), "training not redone ÷ wall time"),
                 ]
             )
@@ -92,9 +92,9 @@ def _timeline(data: RunData) -> str:
                 esc(s.get("resumed_from_step")),
                 esc(a.last_step),
                 esc((a.end or {}).get("committed_step", (a.exit or {}).get("committed_step"))),
-                esc(fmt_seconds(s.get("startup_s"))) if s.get("startup_s") is not None else "",
-                esc(fmt_seconds(down)) if down is not None else "",
-                esc(fmt_seconds(a.lost_after_s)) if a.lost_after_s is not None else "",
+                esc(fmt_duration(s.get("startup_s"))) if s.get("startup_s") is not None else "",
+                esc(fmt_duration(down)) if down is not None else "",
+                esc(fmt_duration(a.lost_after_s)) if a.lost_after_s is not None else "",
                 _pill(a.outcome),
                 esc(a.why_ended, 400)
                 + (

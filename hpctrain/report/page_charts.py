@@ -10,12 +10,13 @@ import collections
 import math
 import typing as tp
 
+from hpctrain._human import fmt_num
 from hpctrain.report.gather import Attempt, RunData
 from hpctrain.report.page_html import _empty, _num, _pct, _section, _when
 from hpctrain.report.svg import TimeChart
 from hpctrain.report.svg_elements import COLORS
 from hpctrain.report.svg_range_bars import range_bars, stats_ok
-from hpctrain.report.text import esc, fmt_num
+from hpctrain.report.text import esc
 
 __all__ = ["PARTS"]
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import base64
 
+from hpctrain._human import fmt_duration, fmt_num
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_html import _card, _empty, _num, _pct, _section, _span, _table, _when
-from hpctrain.report.text import esc, fmt_num, fmt_seconds
+from hpctrain.report.text import esc
 
 
 def _summary(data: RunData) -> str:
@@ -28,7 +29,7 @@ def _summary(data: RunData) -> str:
         f" · ended: {esc(prog['ended'])}" if prog.get("ended") else ""
     )
     if prog.get("eta_s") is not None:
-        prog_detail += f" · ETA {esc(fmt_seconds(prog['eta_s']))}"
+        prog_detail += f" · ETA {esc(fmt_duration(prog['eta_s']))}"
     atts = data.attempts
     lost = sum(a.lost_after_s or 0.0 for a in atts)
     startup = sum((a.start or {}).get("startup_s") or 0.0 for a in atts)
@@ -41,7 +42,7 @@ def _summary(data: RunData) -> str:
         _card(
             "attempts",
             f"{len(atts)}",
-            f"{restarts} · start-up {esc(fmt_seconds(startup))} · lost {esc(fmt_seconds(lost))}",
+            f"{restarts} · start-up {esc(fmt_duration(startup))} · lost {esc(fmt_duration(lost))}",
         ),
         _card(
             "last loss",

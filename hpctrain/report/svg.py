@@ -18,6 +18,7 @@ import itertools
 import math
 import typing as tp
 
+from hpctrain._human import fmt_duration, fmt_num
 from hpctrain.report.svg_axes import TimeAxis, _axis_line, _log_ticks, _nice_ticks, _robust_top
 from hpctrain.report.svg_elements import (
     COLORS,
@@ -35,7 +36,7 @@ from hpctrain.report.svg_elements import (
 )
 from hpctrain.report.svg_range_bars import range_bars, stats_ok
 from hpctrain.report.svg_timeline import Row, timeline
-from hpctrain.report.text import esc, fmt_num, fmt_seconds, plain
+from hpctrain.report.text import esc, plain
 
 # the names the charts were always imported by, wherever each is defined now
 __all__ = [
@@ -47,8 +48,6 @@ __all__ = [
     "timeline",
     "range_bars",
     "stats_ok",
-    "fmt_seconds",
-    "fmt_num",
     "COLORS",
 ]
 
@@ -363,7 +362,7 @@ class TimeChart:
             _text(14, mid, esc(self.label), size=11.5, text_anchor="middle", transform=f"rotate(-90 14 {_f(mid)})")
         )
         for left, right, secs in self.axis.gaps():  # the restarts
-            tip = _el("title", f"restart: {esc(fmt_seconds(secs))} between the attempts")
+            tip = _el("title", f"restart: {esc(fmt_duration(secs))} between the attempts")
             out.append(_el("rect", tip, x=left, y=T, width=right - left, height=plot_h, fill=f"url(#{self.id}-hatch)"))
             cx = (left + right) / 2
             if right - left < 14:  # many restarts: the hatch and its hover title say it
@@ -372,7 +371,7 @@ class TimeChart:
                 _text(
                     cx,
                     mid,
-                    f"restart · {esc(fmt_seconds(secs))}",
+                    f"restart · {esc(fmt_duration(secs))}",
                     color=COLORS["text"],
                     text_anchor="middle",
                     dominant_baseline="middle",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import typing as tp
 
+from hpctrain._human import fmt_num
 from hpctrain.report.svg_axes import _nice_ticks
 from hpctrain.report.svg_elements import COLORS, PLOTTABLE, _el, _g, _left_out, _svg_open, _text, plottable
-from hpctrain.report.text import esc, fmt_num
+from hpctrain.report.text import esc
 
 __all__ = ["stats_ok", "range_bars"]
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import typing as tp
 
+from hpctrain._human import fmt_duration
 from hpctrain.report.svg_axes import TimeAxis, _axis_line
 from hpctrain.report.svg_elements import COLORS, _diamond, _el, _hatch, _ids, _svg_open, _text
-from hpctrain.report.text import esc, fmt_seconds
+from hpctrain.report.text import esc
 
 __all__ = ["Row", "timeline"]
 
@@ -45,7 +46,7 @@ def timeline(rows: tp.Sequence[Row]) -> str:
     defs += _hatch(f"{cid}-lost", size=5.0, fill="#ffcdd2", stroke=COLORS["lost"])
     out = [_svg_open(W, H, "attempts timeline"), _el("defs", defs)]
     for left, right, secs in axis.gaps() if spans else []:
-        tip = _el("title", f"{esc(fmt_seconds(secs))} with nothing running (queue wait, requeue)")
+        tip = _el("title", f"{esc(fmt_duration(secs))} with nothing running (queue wait, requeue)")
         out.append(_el("rect", tip, x=left, y=T, width=right - left, height=bottom - T, fill=f"url(#{cid}-hatch)"))
     for i, r in enumerate(rows):
         top = T + RH * i
@@ -63,13 +64,13 @@ def timeline(rows: tp.Sequence[Row]) -> str:
         xa, xf, xe = axis.x(a), axis.x(first), axis.x(end)
         bar_y, bar_h = top + 5, 14.0
         if xf > xa:
-            tip = _el("title", f"start-up {esc(fmt_seconds(first - a))}")
+            tip = _el("title", f"start-up {esc(fmt_duration(first - a))}")
             out.append(_el("rect", tip, x=xa, y=bar_y, width=xf - xa, height=bar_h, fill=f"url(#{cid}-startup)"))
         tip = _el("title", esc(r.title, 600))
         out.append(_el("rect", tip, x=xf, y=bar_y, width=max(xe - xf, 2.0), height=bar_h, fill=color, rx=2))
         if r.lost_s:
             xl = axis.x(end - r.lost_s)
-            lost = esc(fmt_seconds(r.lost_s))
+            lost = esc(fmt_duration(r.lost_s))
             tip = _el("title", f"{lost} of progress redone by the next attempt (after its last committed checkpoint)")
             out.append(
                 _el(

@@ -1,4 +1,4 @@
-"""``python -m hpctrain export-tensorboard RUN_DIR [-o DIR] [--overwrite]``: the metrics as TensorBoard scalars.
+"""``python -m hpctrain export-tensorboard RUN_DIR [-o DIR] [--force] [--json]``: the metrics as TensorBoard scalars.
 
 Every interval and eval record of ``RUN_DIR/train/metrics.jsonl`` (sanitised against the status schemas, as
 the report reads them: :func:`hpctrain.report.gather.read_metrics`) becomes scalars with the record's step as
@@ -11,7 +11,8 @@ A restart redoes the steps after its checkpoint: a record whose step is not past
 the earlier records from that step on (what TensorBoard itself does with "orphaned" data), so each tag
 holds one value per step, the one the final model's history went through. The event file is written in a
 hidden directory beside DIR and moved in when complete; an earlier export's event files in DIR are an error
-(exit 2) unless ``--overwrite``, which removes them (only ``events.out.tfevents.*`` files).
+(exit 2) unless ``--force`` (``--overwrite``, its older spelling, still works for one release), which removes
+them (only ``events.out.tfevents.*`` files).
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain._cli import command_parser
+from hpctrain._cli import add_json_flag, add_output, add_run_dir, command_parser, print_json
 from hpctrain._files import shorten
 from hpctrain._output import output_dir
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.rundir import RunDir
 
-__all__ = ["main", "export", "ExportResult", "INTERVAL_TAGS", "EVAL_TAGS", "EVENT_PREFIX"]
+__all__ = ["main", "build_parser", "export", "ExportResult", "INTERVAL_TAGS", "EVAL_TAGS", "EVENT_PREFIX", "SCHEMA"]
+
+SCHEMA = "hpctrain.export-tensorboard/1"
+"""The shape of ``export-tensorboard --json``'s object."""
 
 EVENT_PREFIX = "events.out.tfevents."
 
@@ -92,7 +96,7 @@ class ExportResult:
     untimed: int = 0
     """Records left out because their time is unknown (damaged)."""
     replaced: int = 0
-    """Event files of an earlier export removed (``--overwrite``)."""
+    """Event files of an earlier export removed (``--force``)."""
     first_step: tp.Optional[int] = None
     last_step: tp.Optional[int] = None
     notes: tp.List[str] = field(default_factory=list)
@@ -133,7 +137,7 @@ def _check_out(out: Path, overwrite: bool) -> Path:
     if _event_files(real) and not overwrite:
         raise UsageError(
             f"-o {shorten(os.fspath(out), 300)}: already holds TensorBoard event files (an earlier export?); "
-            "pass --overwrite to replace them, or choose another directory"
+            "pass --force to replace them, or choose another directory"
         )
     return real
 
@@ -215,19 +219,50 @@ def export(
     return result
 
 
-def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+def build_parser() -> tp.Any:
     parser = command_parser(
         "export-tensorboard",
         "Write a run's interval and eval records as TensorBoard scalars (loss, eval loss, lr, samples/s, MFU, "
         "FLOP/s, data-wait fraction, the per-step part medians): the step is x, the record's time the wall time. "
         "Needs the tensorboard package (pip install 'hpctrain[tensorboard]'); never torch.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (hpctrain.submit --run-dir)")
-    parser.add_argument("-o", "--output", metavar="DIR", help="log directory to write (default RUN_DIR/tensorboard)")
-    parser.add_argument("--overwrite", action="store_true", help="replace the event files of an earlier export in DIR")
-    args = parser.parse_args(argv)
-    res = export(args.run_dir, args.output, overwrite=args.overwrite)
+    add_run_dir(parser)
+    # --overwrite: the older spelling of --force, accepted (not shown) for one release
+    add_output(
+        parser,
+        kind="dir",
+        help="the TensorBoard log directory",
+        default="RUN_DIR/tensorboard",
+        force_aliases=("--overwrite",),
+    )
+    add_json_flag(parser)
+    return parser
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    res = export(args.run_dir, args.output, overwrite=args.force)
     from hpctrain.report.text import plain
+
+    if args.json:
+        print_json(
+            {
+                "output": os.fspath(res.out),
+                "event_file": os.fspath(res.event_file),
+                "scalars": res.scalars,
+                "tags": sorted(res.tags),
+                "intervals": res.intervals,
+                "evals": res.evals,
+                "first_step": res.first_step,
+                "last_step": res.last_step,
+                "superseded": res.superseded,
+                "untimed": res.untimed,
+                "replaced": res.replaced,
+                "notes": [plain(note, 200) for note in res.notes],
+            },
+            schema=SCHEMA,
+        )
+        return 0
 
     span = f"steps {res.first_step}..{res.last_step}" if res.first_step is not None else "no steps"
     print(

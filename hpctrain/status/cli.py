@@ -10,27 +10,34 @@ from __future__ import annotations
 
 import typing as tp
 
-from hpctrain._cli import add_json_flag, command_parser
-from hpctrain.status.report import collect, to_json
+from hpctrain._cli import add_json_flag, add_run_dir, command_parser, print_json
+from hpctrain.status.report import collect
 
-__all__ = ["main", "collect"]
+__all__ = ["main", "build_parser", "collect", "SCHEMA"]
+
+SCHEMA = "hpctrain.status/1"
+"""The shape of ``status --json``'s object (:func:`hpctrain.status.report.collect`)."""
 
 
-def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None) -> int:
-    """Print the status report of RUN_DIR; ``slurm`` replaces :class:`hpctrain._slurm.SlurmCommands`
-    (tests pass a fake)."""
+def build_parser() -> tp.Any:
     parser = command_parser(
         "status",
         "Where a training run stands: job state, restarts, last checkpoint, progress, throughput, "
         "data wait, the step-time breakdown and slowest rank of the last interval, and the ledger. "
         "A damaged record is one warning; the rest is still shown.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (hpctrain.submit --run-dir)")
+    add_run_dir(parser)
     add_json_flag(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None) -> int:
+    """Print the status report of RUN_DIR; ``slurm`` replaces :class:`hpctrain._slurm.SlurmCommands`
+    (tests pass a fake)."""
+    args = build_parser().parse_args(argv)
     report = collect(args.run_dir, slurm=slurm)
     if args.json:
-        print(to_json(report))
+        print_json(report, schema=SCHEMA)
     else:
         from hpctrain.status.view import render
 

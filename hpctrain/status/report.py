@@ -28,6 +28,7 @@ from pathlib import Path
 from hpctrain._files import shorten
 from hpctrain._procs import pid_alive
 from hpctrain.errors import HpctrainError, UsageError
+from hpctrain.run import Attempt, attempts, checkpoint_dir, is_run_dir, recorded_checkpoint_dir
 from hpctrain.rundir import RunDir, read_json, read_jsonl
 from hpctrain.status.faults import collect_faults
 from hpctrain.status.nodes import collect_nodes
@@ -204,29 +205,42 @@ def _job_state(
     return job
 
 
+def _attempt_rows(found: tp.List[Attempt]) -> tp.List[tp.Dict[str, tp.Any]]:
+    """The run's attempts (:func:`hpctrain.run.attempts`), one row each, oldest first: what ``report`` and
+    ``bundle`` count too."""
+    return [
+        {
+            "attempt": a.label,
+            "job_id": a.job_id,
+            "restart_count": a.restart_count,
+            "started": a.started,
+            "ended": a.ended,
+            "status": a.status,
+            "cause": a.cause,
+            "requeued": a.requeued,
+        }
+        for a in found
+    ]
+
+
 def _slurm_view(
-    ledger: tp.List[tp.Dict[str, tp.Any]],
-    metrics: tp.List[tp.Dict[str, tp.Any]],
+    found: tp.List[Attempt],
     job_id: tp.Optional[str],
     slurm: tp.Any,
 ) -> tp.Tuple[tp.Dict[str, tp.Any], tp.List[tp.Any], tp.Optional[str]]:
-    """Slurm's record of each attempt beside hpctrain's cause (:mod:`hpctrain.bundle.attempts`), from one
-    ``sacct -D`` call for the whole run: ``(view, runs, why unavailable)``. The view: ``available``,
-    ``unavailable`` (why not), ``attempts`` (one row per Slurm attempt, oldest first) and ``disagreements``
-    (one line each: ``attempt 12-r0: hpctrain says preemption, Slurm says NODE_FAIL``)."""
+    """Slurm's record of each attempt (``found``: :func:`hpctrain.run.attempts`) beside hpctrain's cause
+    (:mod:`hpctrain.run_slurm`), from one ``sacct -D`` call for the whole run: ``(view, runs, why
+    unavailable)``. The view: ``available``, ``unavailable`` (why not), ``attempts`` (one row per Slurm attempt,
+    oldest first) and ``disagreements`` (one line each: ``attempt 12-r0: hpctrain says preemption, Slurm says
+    NODE_FAIL``)."""
     from hpctrain._slurm import SlurmCommands
-    from hpctrain.bundle.attempts import attempts_from_ledger, match_slurm_runs, slurm_job_ids, slurm_runs
+    from hpctrain.run_slurm import match_slurm_runs, slurm_job_ids, slurm_runs
 
-    try:
-        attempts = attempts_from_ledger(ledger, [m for m in metrics if isinstance(m, dict)])
-    except Exception as exc:  # noqa: BLE001 - the ledger was sanitised; should grouping fail, one line, not a crash
-        why = f"the ledger's attempts could not be grouped ({type(exc).__name__}: {shorten(str(exc), 200)})"
-        return {"available": False, "unavailable": why, "attempts": [], "disagreements": []}, [], why
-    runs, why = slurm_runs(attempts, slurm or SlurmCommands(), also=[job_id])
-    match_slurm_runs(attempts, runs)
-    ids = slurm_job_ids(attempts, also=[job_id])
+    runs, why = slurm_runs(found, slurm or SlurmCommands(), also=[job_id])
+    matched = match_slurm_runs(found, runs)
+    ids = slurm_job_ids(matched, also=[job_id])
     rows = []
-    for a in attempts:
+    for a in matched:
         if a.job_id not in ids:
             continue
         got = a.slurm or {}
@@ -361,7 +375,7 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
         metrics, bad = read_jsonl(paths.metrics, tail_bytes=METRICS_TAIL_BYTES)
         problems += bad
         problems += [p for p in (_dangling(paths.ledger, RunDir.LEDGER), _dangling(paths.metrics, RunDir.METRICS)) if p]
-    if submission is None and not ledger and not metrics and not problems:
+    if not problems and not is_run_dir(paths):
         raise UsageError(f"RUN_DIR {root} holds no submission.json and no train/ records: is it a run directory?")
 
     starts = [r for r in ledger if r.get("event") == "start"]
@@ -371,20 +385,29 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
     end = ledger[last_end] if last_end > last_start else None
     last = _last_of_kind(metrics, "interval", problems)
     last_eval = _last_of_kind(metrics, "eval", problems)
-    ckpt_dir = next((s["checkpoint_dir"] for s in reversed(starts) if s.get("checkpoint_dir")), None)
+    # the run's checkpoint directory (hpctrain.run.checkpoint_dir); none shown when no start names one (checkpointing
+    # not configured: RUN_DIR/checkpoints is the fallback of a run that saves, not a sign that it does)
+    ckpt_dir = str(checkpoint_dir(paths, starts)) if recorded_checkpoint_dir(starts) is not None else None
+    try:
+        found = attempts(ledger, [m for m in metrics if isinstance(m, dict)])
+    except Exception as exc:  # noqa: BLE001 - the ledger was sanitised; should grouping fail, one line, not a crash
+        problems.append(f"attempts: the ledger's attempts could not be grouped ({type(exc).__name__}: {exc})"[:400])
+        found = []
     total = (last or {}).get("total_steps") or (starts[-1].get("total_steps") if starts else None)
     known_steps = [s for s in ((last or {}).get("step"), (end or {}).get("step")) if s is not None]
     step = max(known_steps) if known_steps else None
     job_id, cluster = _job_of(submission, starts)
     slurm_view, runs = None, None
     if cluster == "slurm" and job_id:
-        slurm_view, runs, why = _slurm_view(ledger, metrics, job_id, slurm)
+        slurm_view, runs, why = _slurm_view(found, job_id, slurm)
         runs = [] if why else runs
     report: tp.Dict[str, tp.Any] = {
         "run_dir": str(root),
         "job": _job_state(submission, starts, end, slurm, problems, runs),
         "starts": len(starts),
         "restarts": max(len(starts) - 1, 0),
+        # every attempt, by the one pairing rule (hpctrain.run.attempts): its label, whether it started and ended
+        "attempts": _attempt_rows(found),
         "progress": {
             "step": step,
             "total_steps": total,

@@ -13,10 +13,10 @@ import time
 import typing as tp
 
 from hpctrain._files import shorten
+from hpctrain._human import fmt_bytes, fmt_duration, fmt_num
 from hpctrain.ckpt.config import RESTORE_TIERS
 from hpctrain.status.faults import render_faults
 from hpctrain.status.nodes import render_nodes
-from hpctrain.train.display import fmt_bytes, fmt_duration, fmt_rate
 
 __all__ = ["render", "LEDGER_ROWS"]
 
@@ -64,13 +64,61 @@ def _ago(t: tp.Any) -> str:
     return f"{fmt_duration(time.time() - t)} ago" if isinstance(t, (int, float)) else "?"
 
 
-def _when(t: tp.Any) -> str:
+def _when(t: tp.Any, fmt: str = "%m-%d %H:%M:%S") -> str:
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         return "?"
     try:
-        return time.strftime("%m-%d %H:%M:%S", time.localtime(t))
+        return time.strftime(fmt, time.localtime(t))
     except (OverflowError, ValueError, OSError):
         return "?"
+
+
+def _clock(times: tp.Iterable[tp.Any]) -> tp.Tuple[str, str]:
+    """``(strftime format, title note)`` for a column of record times: ``HH:MM:SS`` and the day in the title
+    when they all fell on one day (the common case: a table that fits 80 columns), else ``MM-DD HH:MM``."""
+    days = {_when(t, "%m-%d") for t in times}
+    if len(days) == 1 and "?" not in days:
+        return "%H:%M:%S", f" ({days.pop()})"
+    return "%m-%d %H:%M", ""
+
+
+def _table(
+    title: str,
+    columns: tp.Sequence[str],
+    rows: tp.Sequence[tp.Sequence[str]],
+    width: int,
+    right: tp.Container[str] = (),
+    shrink: tp.Sequence[str] = (),
+    compact: bool = False,
+) -> tp.Any:
+    """A rich table that reads in a ``width``-column terminal (80 and up): columns with no value in any row
+    are left out, no cell wraps, a header is never cut. When the cells are wider than the terminal, the
+    columns named in ``shrink`` give way, in that order, down to their header's width (a cut cell ends in
+    ``…``); times are never cut. ``compact`` (a table of many columns, the ledger): one space between columns
+    and a rule under the headers instead of a box."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    keep = [i for i in range(len(columns)) if any(row[i] for row in rows)]
+    heads = [columns[i] for i in keep]
+    widths = [max([cell_len(h)] + [cell_len(row[i]) for row in rows]) for h, i in zip(heads, keep)]
+    overhead = len(keep) - 1 if compact else 3 * len(keep) + 1
+    for name in shrink:
+        excess = sum(widths) + overhead - width
+        if excess <= 0:
+            break
+        if name in heads:
+            k = heads.index(name)
+            widths[k] -= min(excess, widths[k] - cell_len(name))
+    style = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "show_edge": False} if compact else {}
+    table = Table(title=title, title_justify="left", **style)
+    for head, w in zip(heads, widths):
+        table.add_column(head, justify="right" if head in right else "left", no_wrap=True, overflow="ellipsis", width=w)
+    for row in rows:
+        table.add_row(*(Text(row[i]) for i in keep))
+    return table
 
 
 def _job_line(job: tp.Mapping[str, tp.Any]) -> str:
@@ -135,8 +183,6 @@ def _render_slurm_view(view: tp.Any, out: tp.Callable[[str], None]) -> None:
 
 def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     console = console or Console(highlight=False, emoji=False)
 
@@ -172,30 +218,31 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
         )
     if last:
         per_rank = last.get("samples_per_s_per_rank") or {}
-        line = f"{fmt_rate(last.get('samples_per_s'))} samples/s on {_n(last.get('world_size'))} ranks"
+        line = f"{fmt_num(last.get('samples_per_s'))} samples/s on {_n(last.get('world_size'))} ranks"
         if per_rank:
             line += (
-                f" (per rank min/median/max {fmt_rate(per_rank.get('min'))}/{fmt_rate(per_rank.get('median'))}"
-                f"/{fmt_rate(per_rank.get('max'))})"
+                f" (per rank min/median/max {fmt_num(per_rank.get('min'))}/{fmt_num(per_rank.get('median'))}"
+                f"/{fmt_num(per_rank.get('max'))})"
             )
         if last.get("data_wait_frac") is not None:
             line += f" · data wait {100 * last['data_wait_frac']:.1f}%"
         if last.get("flops_per_s"):
-            line += f" · {fmt_rate(last['flops_per_s'])}FLOP/s"
+            line += f" · {fmt_num(last['flops_per_s'])}FLOP/s"
         line += f" · MFU {100 * last['mfu']:.1f}%" if last.get("mfu") is not None else " · MFU n/a"
         out(f"[bold]throughput[/] {line}")
         per_step = last.get("per_step")
         if per_step:
-            table = Table(title="step time, last interval (per step, over ranks)", title_justify="left")
-            for col in ("part", "min", "median", "max", "max on rank"):
-                table.add_column(col, justify="left" if col == "part" else "right")
-            for key, label in (("step_s", "whole step"), *_PARTS):
-                s = per_step.get(key)
-                if isinstance(s, dict):
-                    table.add_row(
-                        label, _ms(s.get("min")), _ms(s.get("median")), _ms(s.get("max")), _n(s.get("max_rank"))
-                    )
-            console.print(table)
+            parts = [
+                (label, _ms(s.get("min")), _ms(s.get("median")), _ms(s.get("max")), _n(s.get("max_rank")))
+                for key, label in (("step_s", "whole step"), *_PARTS)
+                if isinstance(s := per_step.get(key), dict)
+            ]
+            columns = ("part", "min", "median", "max", "max on rank")
+            console.print(
+                _table(
+                    "step time, last interval (per step, over ranks)", columns, parts, console.width, right=columns[1:]
+                )
+            )
             how = {"fsdp_waits": "FSDP all-gather/reduce-scatter waits", "ddp_last_bucket": "after DDP's last bucket"}
             measure = how.get(last.get("comm_measure") or "")
             if measure:  # how the table's column was measured; not a statement about the slowest rank
@@ -263,33 +310,47 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
     render_nodes(report, out, _t)  # node failures, in-job restarts, excluded hosts (hpctrain.status.nodes)
     ledger = report["ledger"]
     if ledger:
-        table = Table(title="ledger", title_justify="left")
-        for col in ("event", "when", "job", "restart", "hosts", "from step", "lost", "down", "startup", "status"):
-            table.add_column(col)
-        for r in ledger[-LEDGER_ROWS:]:
+        shown = ledger[-LEDGER_ROWS:]
+        clock, day = _clock(r.get("time") for r in shown)
+        rows = []
+        for r in shown:
             hosts = r.get("hosts") or []
             from_step = r.get("resumed_from_step")
             from_step = r.get("step") if from_step is None else from_step
             status = r.get("status") if r.get("status") is not None else r.get("cause")
-            cells = (
-                _plain(r.get("event"), 40),
-                _when(r.get("time")),
-                "" if r.get("job_id") is None else _plain(r["job_id"], 40),
-                "" if r.get("restart_count") is None else str(r["restart_count"]),
-                _plain(",".join(hosts[:3]) + (f" +{len(hosts) - 3}" if len(hosts) > 3 else ""), 120),
-                ("" if from_step is None else str(from_step))
-                + (
-                    f" ({r['restored_tier']} +{r['local_tier_saved_steps']})"
-                    if r.get("restored_tier") in RESTORE_TIERS[1:] and r.get("local_tier_saved_steps") is not None
-                    else ""
-                ),
-                fmt_duration(r["lost_s"]) if r.get("lost_s") is not None else "",
-                fmt_duration(r["down_s"]) if r.get("down_s") is not None else "",
-                f"{r['startup_s']:.1f}s" if r.get("startup_s") is not None else "",
-                "" if status is None else _plain(status, 60),
+            attempt = "" if r.get("job_id") is None else _plain(r["job_id"], 40)
+            if r.get("restart_count") is not None:  # the attempt as the Slurm lines name it: JOB-rRESTART
+                attempt += f"-r{r['restart_count']}" if attempt else f"r{r['restart_count']}"
+            rows.append(
+                (
+                    _plain(r.get("event"), 40),
+                    _when(r.get("time"), clock),
+                    attempt,
+                    _plain(",".join(hosts[:3]) + (f" +{len(hosts) - 3}" if len(hosts) > 3 else ""), 120),
+                    ("" if from_step is None else str(from_step))
+                    + (
+                        f" ({r['restored_tier']} +{r['local_tier_saved_steps']})"
+                        if r.get("restored_tier") in RESTORE_TIERS[1:] and r.get("local_tier_saved_steps") is not None
+                        else ""
+                    ),
+                    fmt_duration(r["lost_s"]) if r.get("lost_s") is not None else "",
+                    fmt_duration(r["down_s"]) if r.get("down_s") is not None else "",
+                    fmt_duration(r["startup_s"]) if r.get("startup_s") is not None else "",
+                    "" if status is None else _plain(status, 60),
+                )
             )
-            table.add_row(*(Text(c) for c in cells))
-        console.print(table)
+        columns = ("event", "when", "attempt", "hosts", "from step", "lost", "down", "startup", "status")
+        console.print(
+            _table(
+                f"ledger{day}",
+                columns,
+                rows,
+                console.width,
+                right=("lost", "down", "startup"),
+                shrink=("hosts", "from step", "attempt", "event", "status"),
+                compact=True,
+            )
+        )
         if len(ledger) > LEDGER_ROWS:
             out(f"[dim]ledger: the {len(ledger) - LEDGER_ROWS} earlier records are not shown (--json has all)[/]")
     for p in report["problems"]:

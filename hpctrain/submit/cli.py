@@ -17,14 +17,17 @@ import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain._cli import ArgumentParser, console_entry
+from hpctrain._cli import ArgumentParser, add_json_flag, console_entry, print_json
 from hpctrain._files import check_path_limits, shorten
 from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S, DEFAULT_MAX_REQUEUES
 from hpctrain.errors import UsageError
 from hpctrain.rundir import RunDir
 from hpctrain.submit.config import DEFAULT_CONFIG_FILE, SubmitConfig, format_time, load_toml
 
-__all__ = ["main", "build_parser", "resolve_config", "local_process_limit", "wait_for_reason"]
+__all__ = ["main", "build_parser", "resolve_config", "local_process_limit", "wait_for_reason", "SCHEMA"]
+
+SCHEMA = "hpctrain.submit/1"
+"""The shape of ``submit --json``'s object: the job, where it runs, its state (and, followed, how it ended)."""
 
 # squeue reasons meaning the request exceeds what the partition/cluster can ever give.
 NEVER_STARTS = frozenset(
@@ -146,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true", help="print the sbatch script and exit without submitting")
     o.add_argument("--follow", action="store_true", help="stream the rank-0 log with a live status until the job ends")
+    add_json_flag(o)
     return p
 
 
@@ -252,10 +256,16 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
         if cfg.spare_nodes:
             print("hpctrain submit: note: --spare-nodes applies to Slurm jobs; a local run has none", file=sys.stderr)
     run_dir = _run_dir(cfg)
+    as_json = bool(getattr(ns, "json", False))
     if getattr(ns, "dry_run", False):
         from hpctrain.submit.sbatch import render_sbatch
 
-        sys.stdout.write(render_sbatch(cfg, folder=RunDir(run_dir).logs, python=sys.executable, run_dir=run_dir))
+        script = render_sbatch(cfg, folder=RunDir(run_dir).logs, python=sys.executable, run_dir=run_dir)
+        if as_json:
+            summary = {"dry_run": True, "cluster": cluster, "world_size": cfg.world_size, "run_dir": str(run_dir)}
+            print_json({**summary, "sbatch": script}, schema=SCHEMA)
+            return 0
+        sys.stdout.write(script)
         print(
             f"# dry run: nothing submitted; cluster={cluster}, world size {cfg.world_size}, run dir {run_dir}",
             file=sys.stderr,
@@ -277,7 +287,21 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
         backend.check_clean(cfg)
     backend.prepare_run_dir(run_dir, resume=getattr(ns, "resume", None) is not None, slurm=slurm)
     sub = backend.submit(cfg, run_dir=run_dir, cluster=cluster, argv=["-m", "hpctrain.submit", *argv])
-    return _report(cfg, sub, slurm, follow_job=getattr(ns, "follow", False), console=console)
+    if not as_json:
+        return _report(cfg, sub, slurm, follow_job=getattr(ns, "follow", False), console=console)
+    # --json: the object alone on stdout; what the console would say (and a followed log) goes to stderr
+    from rich.console import Console
+
+    summary: tp.Dict[str, tp.Any] = {}
+    console = console or Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    try:
+        code = _report(cfg, sub, slurm, follow_job=getattr(ns, "follow", False), console=console, summary=summary)
+    except KeyboardInterrupt:
+        summary["final_state"] = summary.get("final_state") or "INTERRUPTED"
+        print_json(summary, schema=SCHEMA)
+        raise
+    print_json({**summary, "exit_code": code}, schema=SCHEMA)
+    return code
 
 
 def wait_for_reason(
@@ -302,19 +326,44 @@ def wait_for_reason(
     return state
 
 
-def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, console: tp.Any) -> int:
+def _report(
+    cfg: SubmitConfig,
+    sub: tp.Any,
+    slurm: tp.Any,
+    *,
+    follow_job: bool,
+    console: tp.Any,
+    summary: tp.Optional[tp.Dict[str, tp.Any]] = None,
+) -> int:
+    """Say what was submitted (and follow it); ``summary`` (``--json``) is filled with the same facts."""
     from rich.console import Console
     from rich.markup import escape
 
     from hpctrain.submit.follow import follow
 
     console = console or Console(highlight=False, soft_wrap=True)
+    facts: tp.Dict[str, tp.Any] = summary if summary is not None else {}
+    facts.update(
+        job_id=str(sub.job_id),
+        job_name=cfg.job_name,
+        cluster=sub.cluster,
+        nodes=cfg.nodes,
+        tasks_per_node=cfg.ntasks_per_node,
+        gpus_per_node=cfg.gpus_per_node,
+        world_size=cfg.world_size,
+        run_dir=str(sub.run_dir),
+        log=str(sub.log_path(0)),
+        state=None,
+        reason=None,
+        final_state=None,
+    )
     name = escape(cfg.job_name)  # user text: "[x]" in a name or path is not rich markup
     what = f"{cfg.nodes} node(s) × {cfg.ntasks_per_node} task(s)" + (
         f", {cfg.gpus_per_node} GPU(s)/node (nccl)" if cfg.gpus_per_node else ", CPU (gloo)"
     )
     if sub.cluster == "slurm":
         state = wait_for_reason(slurm, sub.job_id)
+        facts.update(state=state.state, reason=state.reason or None, time_limit_min=cfg.time_min)
         console.print(
             f"[bold green]Submitted job {sub.job_id}[/] ({name}) to Slurm: {what}, "
             f"limit {format_time(cfg.time_min * 60)}"
@@ -349,11 +398,13 @@ def _report(cfg: SubmitConfig, sub: tp.Any, slurm: tp.Any, *, follow_job: bool, 
     else:
         return 0
     ok = final.state == "COMPLETED"
+    facts["final_state"] = final.state
     if interrupts:
         from hpctrain.ledger import Ledger
 
         exits = Ledger(sub.run_dir).records("exit")
         reason = exits[-1].get("reason") if exits else "no exit record (the ranks were ended at once)"
+        facts.update(final_state="INTERRUPTED", reason=str(reason))
         console.print(f"job {sub.job_id} interrupted: {escape(str(reason))}")
         return 130
     console.print(

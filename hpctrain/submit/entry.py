@@ -3,9 +3,9 @@
 Two checks, both before anything is written or submitted:
 
 - :func:`check_entry_static` (``--dry-run`` and every submission) runs **no user code**: it finds the
-  module's file by walking ``sys.path`` and each package's directory itself, the way the import system
-  would but without executing any package ``__init__`` (``importlib.util.find_spec("a.b")`` imports
-  ``a``), parses the source and looks for a top-level binding of the name that could be callable.
+  module's file with :func:`hpctrain._entry.find_module_file` (which walks ``sys.path`` and each package's
+  directory the way the import system would, without executing any package ``__init__``), parses the
+  source and looks for a top-level binding of the name that could be callable.
 - :func:`check_entry_imports` (a real submission only) imports the entry in a child interpreter: the
   user's modules may import torch or fail at import time, and the login-node process must do neither.
 """
@@ -17,95 +17,16 @@ import os
 import subprocess
 import sys
 import typing as tp
-from importlib.machinery import ModuleSpec
 
-from hpctrain._entry import split_entry
+from hpctrain._entry import find_module_file, split_entry
 from hpctrain._files import read_regular_file, shorten
 from hpctrain.errors import UsageError
 
-__all__ = ["find_module_file", "check_entry_static", "check_entry_imports"]
+__all__ = ["check_entry_static", "check_entry_imports"]
 
 # Values that are never callable: `main = 3`, `main = "x"`, `main = [..]` ...
 _NOT_CALLABLE = (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr, ast.ListComp, ast.DictComp)
 _SOURCE_LIMIT = 16 << 20  # bytes of Python source parsed at most
-
-
-def _top_level_spec(name: str) -> tp.Any:
-    """Spec of a top-level module from the meta path finders (PathFinder, editable-install finders).
-
-    For a top-level name no parent package exists, so asking the finders imports nothing.
-    """
-    for finder in sys.meta_path:
-        find = getattr(finder, "find_spec", None)
-        if find is None:
-            continue
-        try:
-            spec = find(name, None)
-        except Exception:  # a broken third-party finder must not crash the check
-            continue
-        if spec is not None:
-            return spec
-    return None
-
-
-def _path_finder(location: str) -> tp.Any:
-    """The finder for one directory (or zip) of a search path, as the import system builds it."""
-    cached = sys.path_importer_cache.get(location)
-    if cached is not None:
-        return cached
-    for hook in sys.path_hooks:
-        try:
-            return hook(location)
-        except ImportError:
-            continue
-    return None
-
-
-def _find_in(name: str, locations: tp.Iterable[str]) -> tp.Any:
-    """``PathFinder.find_spec(name, locations)`` without its one import: for a nested namespace package
-    it builds a ``_NamespacePath`` that looks the parent package up in ``sys.modules``."""
-    portions: tp.List[str] = []
-    for location in locations:
-        finder = _path_finder(location)
-        spec = finder.find_spec(name) if finder is not None and hasattr(finder, "find_spec") else None
-        if spec is None:
-            continue
-        if spec.loader is not None:  # a module or a regular package: the first one on the path wins
-            return spec
-        portions.extend(spec.submodule_search_locations or [])
-    if not portions:
-        return None
-    spec = ModuleSpec(name, None, is_package=True)
-    spec.submodule_search_locations = portions
-    return spec
-
-
-def find_module_file(module: str) -> tp.Tuple[tp.Optional[str], tp.List[str]]:
-    """``(file, package __init__ files on the way)`` of ``module``, found without importing anything.
-
-    ``file`` is None for a namespace package or a module without Python source (built-in, extension).
-    Raises UsageError when a level cannot be found.
-    """
-    parts = module.split(".")
-    spec = _top_level_spec(parts[0])
-    inits: tp.List[str] = []
-    for depth in range(2, len(parts) + 2):
-        name = ".".join(parts[: depth - 1])
-        if spec is None:
-            raise UsageError(f"no module named {name!r}")
-        if depth > len(parts):
-            break
-        if spec.submodule_search_locations is None:
-            raise UsageError(f"no module named {'.'.join(parts[:depth])!r}: {name!r} is not a package")
-        if spec.origin and spec.has_location and spec.origin.endswith(".py"):
-            inits.append(spec.origin)
-        try:
-            locations = list(spec.submodule_search_locations)
-        except Exception:  # a lazy namespace path that cannot be computed
-            locations = []
-        spec = _find_in(".".join(parts[:depth]), locations)
-    origin = spec.origin if spec.has_location else None
-    return (origin if origin and origin.endswith(".py") else None), inits
 
 
 def _parse(path: str, entry: str) -> ast.Module:

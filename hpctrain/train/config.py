@@ -14,8 +14,8 @@ import typing as tp
 from dataclasses import asdict, dataclass, field
 
 from hpctrain._validate import check_bool, check_choice, check_instance, check_int, check_number, check_str
-from hpctrain.capacity.model import DEFAULT_MTBF_NODE_HOURS
 from hpctrain.ckpt.config import CheckpointConfig, check_field
+from hpctrain.defaults import DEFAULT_MTBF_NODE_HOURS
 from hpctrain.errors import UsageError
 
 __all__ = [
@@ -57,7 +57,7 @@ class CheckpointPolicy:
     every_minutes: tp.Union[float, str] = 0.0
     """Save when this many minutes passed since the last save (0 = not by time). Rank 0's clock decides,
     at the next log interval, so that every rank saves at the same step. ``"auto"``: the interval Young/Daly
-    gives (Daly's higher-order form, :func:`hpctrain.capacity.model.daly_interval`) for the save cost measured
+    gives (Daly's higher-order form, :func:`hpctrain.reliability.daly_interval`) for the save cost measured
     in this attempt (the mean of its last saves' stall; 1 s until the first is measured) and the job's MTBF,
     ``mtbf_node_hours`` / nodes; recomputed after every save (docs/capacity.md)."""
     mtbf_node_hours: float = DEFAULT_MTBF_NODE_HOURS

@@ -6,60 +6,19 @@ readable with ``tail -f`` and ``--follow``. Other ranks never print.
 
 from __future__ import annotations
 
-import math
 import typing as tp
 
-from hpctrain._files import fmt_bytes  # the house's one size format, shown here too
+from hpctrain._human import fmt_duration, fmt_num
 
-__all__ = ["IntervalDisplay", "interval_line", "fmt_duration", "fmt_rate", "fmt_bytes"]
-
-
-def _real(value: tp.Any) -> tp.Optional[float]:
-    """``value`` as a finite float; None for None, bools, non-numbers, NaN, infinities and ints beyond floats."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-_LONGEST_S = 360_000_000.0  # 100 000 hours: beyond it a duration is shown as a bound, not 300 digits
-
-
-def fmt_duration(seconds: tp.Optional[float]) -> str:
-    """``H:MM:SS``; negative durations (clock skew) show as 0, anything that is not a finite number as ``?``."""
-    value = _real(seconds)
-    if value is None:
-        return "?"
-    if value >= _LONGEST_S:
-        return ">100000:00:00"
-    total = int(round(max(value, 0.0)))
-    h, rem = divmod(total, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}"
-
-
-def fmt_rate(value: tp.Optional[float]) -> str:
-    """``5.1k``, ``3.2G``, ...; anything that is not a finite number as ``?``."""
-    rate = _real(value)
-    if rate is None:
-        return "?"
-    if abs(rate) >= 1e21:  # beyond any machine: a short exponent, not a 290-digit number of G
-        return f"{rate:.3g}"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(rate) >= div:
-            return f"{rate / div:.1f}{suffix}"
-    return f"{rate:.1f}"
+__all__ = ["IntervalDisplay", "interval_line"]
 
 
 def interval_line(rec: tp.Mapping[str, tp.Any]) -> str:
-    """``step 120/400 · loss 2.3012 · 5.1k samples/s · ETA 0:01:23 · data wait 3.2% · ckpt @100``"""
+    """``step 120/400 · loss 2.3012 · 5.12k samples/s · ETA 1 min 23 s · data wait 3.2% · ckpt @100``"""
     parts = [
         f"step {rec['step']}/{rec['total_steps']}",
         f"loss {rec['loss']:.4f}",
-        f"{fmt_rate(rec.get('samples_per_s'))} samples/s",
+        f"{fmt_num(rec.get('samples_per_s'))} samples/s",
         f"ETA {fmt_duration(rec.get('eta_s'))}",
     ]
     if rec.get("data_wait_frac") is not None:

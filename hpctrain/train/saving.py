@@ -9,8 +9,8 @@ is asked for by rank 0's clock at a log interval and carried to every rank by th
 (:attr:`Saver.requested`), so that all ranks save the same step. The last step, whether training ended or
 stopped, is saved blocking: it is committed when ``fit`` returns.
 
-``every_minutes="auto"``: the time between saves is Daly's optimum (:func:`hpctrain.capacity.model.daly_interval`,
-the one owner of the formula) for the save cost measured here, the mean stall of the last
+``every_minutes="auto"``: the time between saves is Daly's optimum (:func:`hpctrain.reliability.daly_interval`,
+the one owner of the formula, shared with the planner) for the save cost measured here, the mean stall of the last
 :data:`AUTO_WINDOW` saves (what ``Checkpointer.save`` blocked the step for: the copy to host memory of an
 async save, the whole save of a blocking one), and the job's MTBF, ``mtbf_node_hours`` / nodes. Until a save
 is measured the cost is taken as :data:`AUTO_FIRST_SAVE_S`, a small guess, so that the first save (which
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 import typing as tp
 
-from hpctrain.capacity.model import daly_interval, job_mtbf_seconds
+from hpctrain.reliability import daly_interval, job_mtbf_seconds
 from hpctrain.train.ledger_records import AttemptProgress
 from hpctrain.train.stopping import Stopping
 

@@ -184,7 +184,7 @@ def test_never_overwrites_out_and_leaves_nothing_behind(demo_run, tmp_path, caps
         argv = ["bundle", str(demo_run.root), "-o", str(existing)] + (["--tar"] if existing.suffix else [])
         assert hpctrain_main(argv) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "already exists; a bundle never overwrites" in err
+        assert err.count("\n") == 1 and "already exists; pass --force to replace it" in err
     assert (tmp_path / "file.tar").read_text() == "keep me" and not any((tmp_path / "empty-dir").iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-dir", "file.tar"]
     # a failure half way leaves no temporary behind either
@@ -198,7 +198,7 @@ def test_bad_input_is_exit_2_with_one_line(demo_run, bundle, tmp_path, capsys):
         (["bundle", str(tmp_path / "nope"), "-o", str(tmp_path / "o")], "is not a directory"),
         (["bundle", str(tmp_path), "-o", str(tmp_path / "o")], "not a run"),
         (["bundle", str(demo_run.root), "-o", str(tmp_path / "o"), "--step", "4"], "--step 4 is not a committed"),
-        (["bundle", str(demo_run.root)], "the following arguments are required: -o/--out"),
+        (["bundle", str(demo_run.root)], "the following arguments are required: -o/--output"),
         (["bundle", "verify", str(tmp_path / "nope")], "does not exist"),
         (["bundle", "verify", str(demo_run.root)], "not an hpctrain bundle"),
         (["bundle", "verify", str(demo_run.metrics)], "neither a bundle directory nor a tar"),

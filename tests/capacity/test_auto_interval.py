@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.capacity.model import daly_interval, job_mtbf_seconds
 from hpctrain.errors import UsageError
+from hpctrain.reliability import daly_interval, job_mtbf_seconds
 from hpctrain.train.config import CheckpointPolicy
 from hpctrain.train.ledger_records import AttemptProgress
 from hpctrain.train.saving import AUTO_FIRST_SAVE_S, AUTO_WINDOW, Saver

@@ -98,7 +98,7 @@ def test_outputs_under_a_file_are_one_line_exit_2(tmp_path):
     run = _run(tmp_path / "run")
     (tmp_path / "file").write_text("")
     err = _one_line(_cli(str(run), "--plot", str(tmp_path / "file" / "p.svg")))
-    assert f"--plot: cannot write {tmp_path}/file/p.svg: {tmp_path}/file is not a directory" in err
+    assert f"-o: cannot write {tmp_path}/file/p.svg: {tmp_path}/file is not a directory" in err
     err = _one_line(_cli("--calibrate", "1", "--entry", "m:f", "--calibrate-dir", str(tmp_path / "file" / "c")))
     assert f"--calibrate-dir: cannot write {tmp_path}/file/c: {tmp_path}/file is not a directory" in err
     assert (tmp_path / "file").read_text() == ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.capacity import model as m
+from hpctrain import reliability as rel
 from hpctrain.capacity.calibration import read_calibrations
 from hpctrain.capacity.predict import capacity_report
 from hpctrain.capacity.targets import Targets
@@ -57,10 +57,10 @@ def test_prediction_at_four_ranks_by_hand(runs):
     mtbf = 900.0
     assert fl["job_mtbf_s"] == pytest.approx(mtbf)
     assert ck["save_stall_s"] == pytest.approx(5e-3) and ck["save_commit_s"] == pytest.approx(0.02)
-    assert ck["daly_s"] == pytest.approx(m.daly_interval(5e-3, mtbf)) and ck["young_s"] == pytest.approx(3.0)
+    assert ck["daly_s"] == pytest.approx(rel.daly_interval(5e-3, mtbf)) and ck["young_s"] == pytest.approx(3.0)
     restart = 60 + 10 + 0.02  # queue + start-up + restore (taken as long as a save: no restart measured)
     assert fl["restart_s"] == pytest.approx(restart)
-    assert row4["ettr"] == pytest.approx(m.ettr(ck["daly_s"], 5e-3, mtbf, restart + 0.015))
+    assert row4["ettr"] == pytest.approx(rel.ettr(ck["daly_s"], 5e-3, mtbf, restart + 0.015))
     work = 1000 * 15.5e-3
     assert row4["train_s"] == pytest.approx(work)
     assert row4["wall_s"] == pytest.approx(60 + 10 + work / row4["ettr"])  # one job: queue + start-up + run

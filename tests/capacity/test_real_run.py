@@ -15,7 +15,7 @@ from tests.multiproc import run_world
 def _demo(rank, world_size, run_dir, args):
     from hpctrain.launch.runner import Runner
 
-    return Runner(entry="hpctrain.capacity.probe:main", run_dir=run_dir, entry_args=args)()
+    return Runner(entry="hpctrain.launch.probe:main", run_dir=run_dir, entry_args=args)()
 
 
 @pytest.fixture(scope="module")

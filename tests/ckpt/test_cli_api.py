@@ -41,7 +41,9 @@ def ckdir(tmp_path_factory):
 def test_ls_json_and_table(ckdir):
     r = cli("ls", str(ckdir), "--json")
     assert r.returncode == 0, r.stderr
-    rows = json.loads(r.stdout)
+    doc = json.loads(r.stdout)  # one object: {"schema": ..., "checkpoints": [...]}
+    assert doc["schema"] == "hpctrain.ckpt.ls/1"
+    rows = doc["checkpoints"]
     assert [(x["step"], x["status"]) for x in rows] == [
         (1, "committed"),
         (2, "committed"),
@@ -55,7 +57,8 @@ def test_ls_json_and_table(ckdir):
 
 def test_verify_and_digest_json(ckdir):
     r = cli("verify", str(ckdir), "--json")
-    assert r.returncode == 0 and all(x["valid"] for x in json.loads(r.stdout))
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["ok"] and all(x["valid"] for x in doc["checkpoints"])
     d = json.loads(cli("digest", str(ckdir), "--step", "2", "--json").stdout)
     assert d["step"] == 2 and set(d["digests"]) == {"model", "optimizer", "scheduler", "extra", "data_state"}
     assert cli("digest", str(ckdir), "--step", "9").returncode == 1
@@ -116,12 +119,19 @@ def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
     assert sorted(hpctrain.ckpt.__all__) == [
         "CheckpointConfig",
         "Checkpointer",
+        "Entry",
         "RESTORE_TIERS",
         "RestoreResult",
+        "committed",
         "digest",
         "latest_committed",
+        "manifest_sha256",
         "meters",
+        "read_index",
+        "read_manifest",
         "replicated_share",
+        "scan",
+        "verify",
     ]
     for name in hpctrain.ckpt.__all__:
         assert getattr(hpctrain.ckpt, name) is not None
@@ -136,6 +146,74 @@ def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
     ]:
         with pytest.raises(UsageError, match=needle):
             hpctrain.ckpt.CheckpointConfig(dir=str(tmp_path), **kw)
+
+
+LOGIN_API = (
+    "Entry",
+    "scan",
+    "committed",
+    "latest_committed",
+    "read_manifest",
+    "manifest_sha256",
+    "verify",
+    "read_index",
+)
+
+
+def test_login_api_reads_a_saved_checkpoint_without_torch(ckdir):
+    """What other packages read a checkpoint directory with (approvals, bundle, capacity, report, run): the
+    public login-side names, torch-free, on a saved checkpoint."""
+    code = (
+        "import hashlib, json, sys\n"
+        "from pathlib import Path\n"
+        f"from hpctrain.ckpt import {', '.join(LOGIN_API)}, digest\n"
+        f"d = Path({str(ckdir)!r})\n"
+        "entries = scan(d)\n"
+        "assert all(isinstance(e, Entry) for e in entries)\n"
+        "assert [(e.step, e.status) for e in entries] == [(1, 'committed'), (2, 'committed'), (3, 'committed'),"
+        " (4, 'abandoned')], entries\n"
+        "steps = committed(d)\n"
+        "assert [e.step for e in steps] == [1, 2, 3] and committed(d / 'nope') == []\n"
+        "latest = latest_committed(d)\n"
+        "assert latest.step == 3 and latest.path == steps[-1].path and latest.world_size == 1\n"
+        "step = steps[1].path\n"
+        "m = read_manifest(step)\n"
+        "assert m == verify(step) == verify(step, checksums=False) == steps[1].manifest\n"
+        "assert manifest_sha256(step) == hashlib.sha256((step / 'MANIFEST.json').read_bytes()).hexdigest()\n"
+        "index = read_index(step)\n"
+        "assert index.manifest == m and any(k.startswith('model/') for k in index.tensors)\n"
+        "assert set(digest(step)) == {'model', 'optimizer', 'scheduler', 'extra', 'data_state'}\n"
+        "bad = [n for n in sys.modules if n.split('.')[0] in ('torch', 'numpy')]\n"
+        "assert not bad, bad\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_login_api_names_a_damaged_checkpoint(tmp_path):
+    from hpctrain.errors import CheckpointFormatError
+
+    w.save_steps(0, 1, str(tmp_path), [1])
+    step = hpctrain.ckpt.committed(tmp_path)[0].path
+    shard = next(p for p in step.iterdir() if p.name != "MANIFEST.json")
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # a flipped bit in the last tensor byte: structure intact, checksum wrong
+    shard.write_bytes(bytes(data))
+    hpctrain.ckpt.verify(step, checksums=False)  # the structure still holds
+    with pytest.raises(CheckpointFormatError, match="checksum mismatch"):
+        hpctrain.ckpt.verify(step)
+    (step / "MANIFEST.json").write_text("{")
+    for read in (hpctrain.ckpt.read_manifest, hpctrain.ckpt.manifest_sha256, hpctrain.ckpt.read_index):
+        with pytest.raises(CheckpointFormatError, match="MANIFEST.json"):
+            read(step)
+    assert hpctrain.ckpt.committed(tmp_path) == [] and hpctrain.ckpt.latest_committed(tmp_path) is None
+    assert [e.status for e in hpctrain.ckpt.scan(tmp_path)] == ["incomplete"]
 
 
 def test_save_rejects_unserialisable_state_without_writing(tmp_path):

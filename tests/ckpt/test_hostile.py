@@ -245,7 +245,7 @@ def test_a_2gb_sparse_manifest_is_refused_without_reading_it(tmp_path):
 
 
 def _assert_step2_bad_step1_good(d: Path) -> None:
-    rows = {r["name"]: r for r in json.loads(cli("ls", str(d), "--json").stdout)}
+    rows = {r["name"]: r for r in json.loads(cli("ls", str(d), "--json").stdout)["checkpoints"]}
     assert rows[STEP1]["status"] == "committed" and rows[STEP2]["status"] == "incomplete"
     r = cli("verify", str(d))
     assert r.returncode == 1 and f"{STEP1}: OK" in r.stdout and f"{STEP2}: INVALID" in r.stdout

@@ -208,7 +208,7 @@ def test_synth_failure_removes_its_temporary_and_keeps_the_old_file(tmp_path, ca
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(synth, "_write", fail_midway)
-    code, _, err = run_in_process(["synth", str(out), "--samples", "100", "--shape", "4"], capsys)
+    code, _, err = run_in_process(["synth", str(out), "--samples", "100", "--shape", "4", "--force"], capsys)
     assert code == 1 and "cannot write" in err and "No space left on device" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.h5"] and out.read_bytes() == b"previous contents"
 
@@ -221,7 +221,7 @@ def test_inspect_json_is_the_table_content(tmp_path, capsys):
     code, out, err = run_in_process(["inspect", "--json", a, b], capsys)
     assert code == 0 and err == ""
     report = json.loads(out)
-    assert report == {"files": [inspect_file(a), inspect_file(b)]}
+    assert report == {"schema": "hpctrain.data.inspect/1", "files": [inspect_file(a), inspect_file(b)]}
     x = report["files"][0]["datasets"][0]
     assert (x["key"], x["shape"], x["chunks"], x["compression"], x["compression_opts"]) == (
         "x",
@@ -280,6 +280,8 @@ def test_synth_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path, 
     link = tmp_path / "d.h5"
     link.symlink_to(real)
     code, out, err = run_in_process(["synth", str(link), "--samples", "5", "--shape", "4"], capsys)
+    assert code == 2 and "already exists; pass --force" in err and real.read_bytes() == b"old"
+    code, out, err = run_in_process(["synth", str(link), "--samples", "5", "--shape", "4", "--force"], capsys)
     assert code == 0, err
     assert link.is_symlink() and os.readlink(link) == str(real)
     with h5py.File(real, "r") as f:

@@ -181,7 +181,10 @@ def test_o_a_symlink_to_a_file_replaces_the_target_not_the_link(run, tmp_path):
     target.write_text("old")
     link = tmp_path / "link.html"
     link.symlink_to(target)
-    res = _cli(run, "-o", link)
+    res = _cli(run, "-o", link)  # an existing output: refused without --force, the target untouched
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "pass --force" in res.stderr
+    assert target.read_text() == "old"
+    res = _cli(run, "-o", link, "--force")
     assert res.returncode == 0, res.stderr
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert target.read_text().startswith("<!DOCTYPE html>")

@@ -99,7 +99,7 @@ def test_an_earlier_export_is_kept_unless_overwrite(tmp_path):
     assert _cli(run, "-o", out).returncode == 0
     first = sorted(out.iterdir())
     res = _cli(run, "-o", out)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--overwrite" in res.stderr
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "pass --force" in res.stderr
     assert sorted(out.iterdir()) == first
     (out / "notes.txt").write_text("mine")
     res = _cli(run, "-o", out, "--overwrite")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.bundle.attempts import attempts_from_ledger
+from hpctrain.bundle.attempts import attempts_from_ledger, summary
 from hpctrain.identity import SCHEMA
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.stragglers import find_straggler
@@ -177,7 +177,7 @@ def test_without_usable_times_the_nth_run_is_restart_count_n():
         rec["decided_by_rank"] = None  # recorded later: not a time of the attempt
     slurm = FakeSlurm()
     slurm.history[JOB] = ["NODE_FAIL|node2", "COMPLETED|node2"]  # sacct's times Unknown
-    got = [a.summary() for a in attempts_from_ledger(ledger, slurm=slurm)]
+    got = [summary(a) for a in attempts_from_ledger(ledger, slurm=slurm)]
     assert [(a["slurm"]["state"], a["slurm"]["matched_by"]) for a in got] == [
         ("NODE_FAIL", "restart count"),
         ("COMPLETED", "restart count"),
@@ -216,13 +216,13 @@ def test_a_local_run_asks_sacct_nothing(tmp_path):
 def test_the_bundles_attempts_record_slurms_state_when_asked(tmp_path):
     run, slurm = _node_fail_recovered_at_once(tmp_path)
     ledger = [json.loads(line) for line in (run / "train" / "ledger.jsonl").read_text().splitlines()]
-    got = [a.summary() for a in attempts_from_ledger(ledger, slurm=slurm)]
+    got = [summary(a) for a in attempts_from_ledger(ledger, slurm=slurm)]
     assert [a["slurm"]["state"] for a in got] == ["NODE_FAIL", "COMPLETED"]
     assert got[0]["slurm_disagrees"] == DISAGREE and got[0]["slurm_unavailable"] is None
     slurm.accounting = False
-    got = [a.summary() for a in attempts_from_ledger(ledger, slurm=slurm)]
+    got = [summary(a) for a in attempts_from_ledger(ledger, slurm=slurm)]
     assert got[0]["slurm"] is None and "accounting storage is disabled" in got[0]["slurm_unavailable"]
-    assert attempts_from_ledger(ledger)[0].summary()["slurm"] is None  # not asked: no sacct call at all
+    assert summary(attempts_from_ledger(ledger)[0])["slurm"] is None  # not asked: no sacct call at all
 
 
 # ------------------------------------------------------------------------------------------- identity (group 11)

@@ -185,3 +185,60 @@ def test_bad_run_dir_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = _status(tmp_path / "empty")
     assert proc.returncode == 2 and "is it a run directory?" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- 80 columns
+def _render_80(run):
+    from rich.console import Console
+
+    from hpctrain.status.view import render
+    from tests.status.rundirs import fake_slurm
+
+    console = Console(width=80, record=True, color_system=None, highlight=False, emoji=False)
+    render(collect(run, slurm=fake_slurm()), console)
+    return console.export_text()
+
+
+def _ledger_lines(text):
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("ledger"))
+    header, rule = lines[head + 1], lines[head + 2]
+    assert set(rule.strip()) == {"─"}, rule
+    rows = []
+    for line in lines[head + 3 :]:
+        if not line.split() or line.split()[0] not in ("start", "end", "exit"):
+            break
+        rows.append(line)
+    return header, rows
+
+
+def test_the_ledger_of_a_requeued_run_reads_in_80_columns(tmp_path):
+    """Every header whole, every record on one line, times compact, no line wider than the terminal."""
+    from tests.status.rundirs import N_RECORDS, build
+
+    text = _render_80(build(tmp_path / "run"))
+    header, rows = _ledger_lines(text)
+    assert "…" not in header and header.split() == [
+        "event", "when", "attempt", "hosts", "from", "step", "lost", "down", "startup", "status"
+    ]  # fmt: skip
+    assert len(rows) == N_RECORDS and not [r for r in rows if "…" in r]
+    assert rows[0].split()[2] == "77-r0" and "time_limit" in rows[1] and "completed" in rows[3]
+    assert "1.5 s" in rows[2] and "40.0 s" in rows[2] and "3.2 s" in rows[2]  # the house's duration format
+    table = text.splitlines()[text.splitlines().index(header) - 1 :]
+    assert max(len(line.rstrip()) for line in table[: N_RECORDS + 3]) <= 80
+    for line in text.splitlines():  # the step-time table too: whole headers, one line a part
+        if line.startswith(("┃", "│")):
+            assert "…" not in line and len(line) <= 80
+
+
+def test_a_ledger_column_with_no_value_is_left_out(tmp_path):
+    from tests.status.rundirs import LEDGER, build
+
+    run = build(tmp_path / "run")
+    records = [json.loads(line) for line in (run / LEDGER).read_text().splitlines()]
+    for r in records:
+        r.pop("lost_s", None), r.pop("down_s", None)
+    (run / LEDGER).write_text("".join(json.dumps(r) + "\n" for r in records))
+    header, rows = _ledger_lines(_render_80(run))
+    assert "lost" not in header.split() and "down" not in header.split() and "startup" in header.split()
+    assert len(rows) == 5

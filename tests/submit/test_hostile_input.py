@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain._entry import find_module_file
 from hpctrain.errors import UsageError
-from hpctrain.submit.entry import check_entry_static, find_module_file
+from hpctrain.submit.entry import check_entry_static
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ["--entry", "hpctrain.examples.demo:main"]

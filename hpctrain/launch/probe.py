@@ -1,13 +1,14 @@
 """The calibration entry: time the all-reduce of a few message sizes, then run the user's entry.
 
-``python -m hpctrain.submit --nodes 2 --entry hpctrain.capacity.probe:main -- --entry mypkg.train:main --
+``python -m hpctrain.submit --nodes 2 --entry hpctrain.launch.probe:main -- --entry mypkg.train:main --
 --steps 200`` (what ``python -m hpctrain capacity --calibrate`` submits): on every rank, before the user's
 entry, a handful of all-reduces of 4 B to 32 MiB on the training process group (NCCL on GPUs, gloo on CPUs),
 each timed on every rank; rank 0 writes the slowest rank's median per size to
-``RUN_DIR/capacity/allreduce.json`` (:func:`hpctrain.capacity.calibration.probe_path`, schema
-``hpctrain.capacity.allreduce/1``). The capacity model fits latency and bus bandwidth to it. Then the
+``RUN_DIR/capacity/allreduce.json`` (:attr:`hpctrain.rundir.RunDir.capacity_probe`, schema
+:data:`hpctrain.rundir.PROBE_SCHEMA`). The capacity model fits latency and bus bandwidth to it. Then the
 user's entry runs with its own arguments (what follows the second ``--``), so the run directory holds a
-normal training run as well. Runs on the compute nodes: imports torch.
+normal training run as well. Runs on the compute nodes: imports torch. The login-side planner
+(:mod:`hpctrain.capacity`) submits it by its ``module:function`` string and never imports it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 import typing as tp
 
 from hpctrain._atomic import atomic_write_json
-from hpctrain.capacity.calibration import PROBE_SCHEMA, probe_path
+from hpctrain.rundir import PROBE_SCHEMA, RunDir
 
 __all__ = ["main", "DEFAULT_SIZES", "measure"]
 
@@ -33,7 +34,7 @@ def _parse(args: tp.Sequence[str]) -> tp.Tuple[argparse.Namespace, tp.List[str]]
     if "--" in args:
         i = args.index("--")
         args, rest = args[:i], args[i + 1 :]
-    p = argparse.ArgumentParser(prog="hpctrain.capacity.probe")
+    p = argparse.ArgumentParser(prog="hpctrain.launch.probe")
     p.add_argument("--entry", help="the training entry (package.module:function) to run after the probe")
     p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="bytes per all-reduce")
     p.add_argument("--reps", type=int, default=10, help="timed all-reduces per size (after 2 warm-ups)")
@@ -72,16 +73,17 @@ def measure(sizes: tp.Sequence[int], reps: int, device: tp.Any) -> tp.List[tp.Di
 def main(ctx: tp.Any) -> tp.Any:
     import torch.distributed as dist
 
-    from hpctrain.launch.runner import load_entry
+    from hpctrain._entry import load_entry
 
     opts, rest = _parse(ctx.args)
     if dist.is_available() and dist.is_initialized() and ctx.world_size > 1:
         t0 = time.perf_counter()
         sizes = measure(opts.sizes, opts.reps, ctx.device)
         if ctx.rank == 0:
-            probe_path(ctx.run_dir).parent.mkdir(parents=True, exist_ok=True)
+            path = RunDir(ctx.run_dir).capacity_probe
+            path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(
-                probe_path(ctx.run_dir),
+                path,
                 {
                     "schema": PROBE_SCHEMA,
                     "world_size": ctx.world_size,
