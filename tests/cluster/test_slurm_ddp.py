@@ -195,7 +195,7 @@ def test_demo_on_hdf5_data_checkpoints_on_2_nodes_and_resumes_on_1(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert verify.returncode == 0 and [r["step"] for r in json.loads(verify.stdout)] == [9, 10]
+    assert verify.returncode == 0 and [r["step"] for r in json.loads(verify.stdout)["checkpoints"]] == [9, 10]
 
 
 def test_unknown_partition_names_the_real_ones(tmp_path):
