@@ -21,7 +21,7 @@ parallel filesystem shared by every node of a job: the ratios here understate wh
 steps (an MLP's forward + backward, one all_reduce of its gradients, SGD) holding ``--size-mb`` of state (the MLP +
 untouched tensors), with no checkpoint (``step_s``) and with an async ``local`` / ``global`` /
 ``local_then_global`` (a local save, then its files copied to the global tier in the background: what every
-``global_every``-th save of a run does) save every ``--overhead-every`` steps. ``save_cost_s``: per save (median),
+``global_every_local_saves``-th save of a run does) save every ``--overhead-every`` steps. ``save_cost_s``: per save (median),
 the steps from the save's call until no rank has it in flight (its blocking part included) less as many steps of
 the reference (the mean step just before and after that window); ``overhead_at_60s`` / ``_300s`` = save_cost_s /
 interval.
@@ -132,7 +132,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         dir=args.global_dir,
         keep_last=2,
         local_every_steps=1,
-        global_every=1,  # every tier="auto" save: local, then copied to the global tier (the drain)
+        global_every_local_saves=1,  # every tier="auto" save: local, then copied to the global tier (the drain)
         local_dir=args.local_dir,
         local_max_bytes=int(args.size_mb * 2**20 * 8),
         restore_mode="read_once",
@@ -192,7 +192,7 @@ def _se(xs: tp.Sequence[float]) -> float:
 
 OVERHEAD_KEYS = {"local": "local", "global": "global", "auto": "local_then_global"}
 """The overhead section's tiers: ``auto`` is a local save whose committed files are then copied to the global
-tier in the background (every ``global_every``-th save of a run; every save here)."""
+tier in the background (every ``global_every_local_saves``-th save of a run; every save here)."""
 
 
 def _overhead(rank: int, world: int, ck: tp.Any, step0: int, args: argparse.Namespace) -> tp.Dict[str, tp.Any]:

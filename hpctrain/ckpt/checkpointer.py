@@ -57,7 +57,7 @@ from hpctrain.ckpt._state import (
     whole,
 )
 from hpctrain.ckpt._writer import Writer
-from hpctrain.ckpt.config import CheckpointConfig
+from hpctrain.ckpt.config import CheckpointConfig, SaveCadence
 from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["CheckpointConfig", "Checkpointer", "RestoreResult"]
@@ -102,13 +102,16 @@ class Checkpointer:
         run_id: str = "",
         identity: str = "",
         lustre: tp.Optional[LustreCommands] = None,
+        every_steps: int = 0,
     ) -> None:
         """``identity``: the run identity (``hpctrain.identity``) every commit manifest carries, so a checkpoint
         names the code, config, data and environment that made it; ``lustre``: the ``lfs`` seam used for
-        ``config.lustre_stripe`` (default: the real ``lfs``)."""
+        ``config.lustre_stripe`` (default: the real ``lfs``); ``every_steps``: the periodic cadence
+        :meth:`should_save` answers (``CheckpointPolicy.every_steps``; 0 = saves only when asked)."""
         if config.dir is None:  # None means "the run's default", which only the Trainer knows
             raise UsageError("CheckpointConfig.dir must be a directory path for a Checkpointer, got None")
         self.config = config
+        self.cadence = SaveCadence(every_steps=every_steps)
         self.run_id = run_id
         self.identity = str(identity or "")
         self.root = Path(config.dir)
@@ -135,6 +138,13 @@ class Checkpointer:
         for f in stale_write_files(self.root, self.config.abandoned_after_s):
             f.unlink(missing_ok=True)
 
+    tiers: tp.Tuple[str, ...] = ("global",)
+    """The tiers this checkpointer saves to (a :class:`~hpctrain.ckpt.tiers.TieredCheckpointer` adds ``local``)."""
+
+    def should_save(self, step: int, *, requested: bool = False) -> tp.Optional[str]:
+        """The tier to save ``step`` to (``global``), or None: :class:`SaveCadence`, the one rule of "when"."""
+        return self.cadence.tier(step, requested=requested)
+
     # ------------------------------------------------------------------ save
     def save(
         self,
@@ -147,9 +157,13 @@ class Checkpointer:
         data_state: tp.Any = None,
         extra: tp.Any = None,
         blocking: bool = True,
+        tier: str = "global",
     ) -> tp.Optional[Path]:
         """Checkpoint ``step``. Blocking: returns the committed dir. Non-blocking: returns None once the
-        state is staged in host memory; the commit happens in the background (see :meth:`wait`)."""
+        state is staged in host memory; the commit happens in the background (see :meth:`wait`). ``tier``:
+        what :meth:`should_save` answered; this checkpointer has the global tier only (``auto`` is global)."""
+        if tier not in ("global", "auto"):
+            raise UsageError(f"save(tier=...) must be 'global' or 'auto' without a local tier, got {tier!r}")
         if not isinstance(step, int) or step < 0:
             raise UsageError(f"save(step=...) must be a non-negative int, got {step!r}")
         self.wait()  # at most one save in flight; a previous writer error surfaces here

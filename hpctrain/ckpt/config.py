@@ -88,9 +88,10 @@ class CheckpointConfig:
     """The local tier (docs/checkpoint.md, "Tiers"): the Trainer saves every N steps to node-local storage, each
     rank's shard also copied to a rank on the next node (its partner); 0 = off. Used by the Trainer
     (``hpctrain.ckpt.tiers.TieredCheckpointer``), not by a plain Checkpointer."""
-    global_every: int = 5
-    """Every K-th local save also goes to ``dir`` (the global tier, on the shared filesystem): its local copy,
-    once committed, is copied there in the background (never staged from the model a second time)."""
+    global_every_local_saves: int = 5
+    """Every K-th local save (K counts local saves, not steps) also goes to ``dir`` (the global tier, on the
+    shared filesystem): its local copy, once committed, is copied there in the background (never staged from
+    the model a second time)."""
     local_dir: tp.Optional[tp.Union[str, os.PathLike]] = None
     """Node-local directory of the local tier; None = ``$SLURM_TMPDIR``, else ``$TMPDIR``, else ``/tmp``.
     ``{host}`` in it is replaced by the node's host name (a path on a filesystem the nodes share, that must
@@ -127,10 +128,35 @@ _RULES: tp.Dict[str, tp.Callable[[tp.Any, str, tp.Any], tp.Any]] = {
     "restore_mode": functools.partial(check_choice, choices=RESTORE_MODES),
     "restore_exchange": functools.partial(check_choice, choices=RESTORE_EXCHANGES),
     "local_every_steps": functools.partial(check_int, min=0, hint="steps; 0 = local tier off"),
-    "global_every": functools.partial(check_int, min=1, hint="every K-th local save goes to the global tier"),
+    "global_every_local_saves": functools.partial(
+        check_int, min=1, hint="every K-th local save goes to the global tier"
+    ),
     "local_dir": functools.partial(check_path, what="a directory path", none_ok=True, hint="None = $SLURM_TMPDIR"),
     "local_max_bytes": functools.partial(check_int, min=0, hint="bytes per node; 0 = no bound"),
 }
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveCadence:
+    """When the periodic saves come, by step: the one rule behind ``should_save(step)`` of both checkpointers
+    (as torchtitan's ``CheckpointManager._should_save``). The Trainer asks the checkpointer and saves to the
+    tier it answers; a time-based save (``every_minutes``) is agreed across ranks by the Trainer's log-interval
+    collective and passed in as ``requested``, since only the Trainer holds that clock."""
+
+    every_steps: int = 0
+    """A save to the global tier every N steps (``CheckpointPolicy.every_steps``); 0 = not by step count."""
+    local_every_steps: int = 0
+    """A save to the local tier every N steps (``CheckpointConfig.local_every_steps``); 0 = no local tier."""
+
+    def tier(self, step: int, *, requested: bool = False) -> tp.Optional[str]:
+        """The tier to save ``step`` to (``global``, or ``auto``: local, every
+        ``global_every_local_saves``-th of them also global), or None for no save. A global save wins over a
+        local one at the same step: it is the one the next attempt can read on any node."""
+        if requested or (self.every_steps and step % self.every_steps == 0):
+            return "global"
+        if self.local_every_steps and step % self.local_every_steps == 0:
+            return "auto"
+        return None
 
 
 def check_field(owner: tp.Any, name: str, value: tp.Any) -> None:

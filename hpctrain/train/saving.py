@@ -1,8 +1,9 @@
 """The Trainer's checkpoints during ``fit``: periodic saves by step count or by time, and the final one.
 
-With the local tier on (``CheckpointConfig.local_every_steps``, a ``TieredCheckpointer``), every that many
-steps a save goes to the local tier, every ``global_every``-th of them to the global one; saves by
-``every_steps``/``every_minutes`` and the last one (end or stop: the next attempt may get other nodes) are global.
+The checkpointer owns "when": its ``should_save(step)`` (:class:`hpctrain.ckpt.config.SaveCadence`) answers
+the tier for a step: ``global`` every ``every_steps`` steps (and for an agreed time-based save), ``auto`` every
+``CheckpointConfig.local_every_steps`` steps with the local tier on (local, every ``global_every_local_saves``-th
+of them also global), None otherwise. The last save (end or stop: the next attempt may get other nodes) is global.
 
 Periodic saves are async by default (the step waits only for the copy to host memory). A time-based save
 is asked for by rank 0's clock at a log interval and carried to every rank by that interval's collective
@@ -76,12 +77,11 @@ class Saver:
         )
 
     def save(self, step: int, *, blocking: bool, tier: str = "global") -> None:
-        """``tier``: ``global``, or ``auto`` (the local tier, every ``global_every``-th of them global) when the
-        checkpointer is a TieredCheckpointer; a plain Checkpointer has the global tier only."""
+        """``tier``: what the checkpointer's ``should_save`` answered (``global``, or ``auto``: the local tier,
+        every ``global_every_local_saves``-th of them also global); the last save is ``global``."""
         data_state = {"loader": self.loader.state_dict()} if self.loader is not None else {}
         t0 = self.clock()
-        kw = {"tier": tier} if getattr(self.ckpt, "tiered", False) else {}
-        self.ckpt.save(step, data_state=data_state, blocking=blocking, **self.state, **kw)
+        self.ckpt.save(step, data_state=data_state, blocking=blocking, tier=tier, **self.state)
         stall = self.clock() - t0
         self.stalls.append(stall)
         if blocking:  # only a blocking save is known committed here, and only its time is the save's time
@@ -100,17 +100,14 @@ class Saver:
         return 60.0 * minutes if minutes else None
 
     def periodic(self, step: int, total: int) -> bool:
-        """Save ``step`` when ``every_steps`` or an agreed time-based request says so; True when it did. The
-        last step is left to :meth:`finish`, which saves it blocking."""
-        pol = self.policy
+        """Save ``step`` to the tier the checkpointer's ``should_save`` names (its cadence, or the agreed
+        time-based request); True when it did. The last step is left to :meth:`finish`, which saves it blocking."""
         if self.ckpt is None or step >= total:
             return False
-        if (pol.every_steps and step % pol.every_steps == 0) or self.requested:
-            self.save(step, blocking=not pol.async_save)
-        elif getattr(self.ckpt, "tiered", False) and step % (pol.config.local_every_steps or total + 1) == 0:
-            self.save(step, blocking=not pol.async_save, tier="auto")  # local, every global_every-th global
-        else:
+        tier = self.ckpt.should_save(step, requested=self.requested)
+        if tier is None:
             return False
+        self.save(step, blocking=not self.policy.async_save, tier=tier)
         self.requested = False
         return True
 

@@ -189,9 +189,9 @@ class Trainer:
             got = watchdog.during("restore", self._restore, built)
             start = got.step if got is not None else 0
             progress.step, progress.committed_step = start, (start or None)
-            if got is not None and getattr(built.ckpt, "tiered", False):  # the ledger names the tier it came from
-                progress.restored_tier = getattr(got, "tier", "global")
-                progress.restored_global_step = getattr(got, "global_step", got.step)
+            if got is not None and "local" in built.ckpt.tiers:  # the ledger names the tier it came from
+                progress.restored_tier = got.tier
+                progress.restored_global_step = got.global_step
             committed_at = got.committed_at if got is not None else None
             result = self._train(built, start, total, committed_at, progress, records, evaluator)
             status = "stopped" if result.stopped else "completed"
@@ -268,7 +268,10 @@ class Trainer:
         ck_config = pol.checkpointer_config(RunDir(self.run_dir).checkpoints)  # dir None: the run's default
         b.ckpt_dir = Path(ck_config.dir)
         b.ckpt = (TieredCheckpointer if ck_config.local_every_steps else Checkpointer)(
-            ck_config, run_id=str(self.ctx.job_id or ""), identity=(self.identity or {}).get("identity") or ""
+            ck_config,
+            run_id=str(self.ctx.job_id or ""),
+            identity=(self.identity or {}).get("identity") or "",
+            every_steps=pol.every_steps,
         )
         if not pol.resume:
             return None

@@ -26,7 +26,10 @@ class FakeCheckpointer:
     def __init__(self, clock: Clock, costs) -> None:
         self.clock, self.costs, self.saved = clock, list(costs), []
 
-    def save(self, step, *, data_state, blocking, **state) -> None:
+    def should_save(self, step, *, requested=False):
+        return "global" if requested else None  # saves by time only: every_minutes="auto"
+
+    def save(self, step, *, data_state, blocking, tier="global", **state) -> None:
         self.clock.now += self.costs.pop(0)
         self.saved.append((step, blocking))
 

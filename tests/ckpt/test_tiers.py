@@ -1,6 +1,6 @@
 """The local + partner tier (hpctrain.ckpt.tiers): real gloo processes on simulated nodes, each node a directory.
 
-Steps 1..5 with ``global_every=3``: 1, 2 local, 3 global, 4, 5 local. Every restore must load a complete,
+Steps 1..5 with ``global_every_local_saves=3``: 1, 2 local, 3 global, 4, 5 local. Every restore must load a complete,
 verified step bit-identical to the saved state, never a mix.
 """
 
@@ -58,8 +58,8 @@ def test_partner_ring_by_node():
 def test_config_validation_names_the_option():
     with pytest.raises(UsageError, match="CheckpointConfig.local_max_bytes"):
         CheckpointConfig(local_dir="/dev/shm/ck")
-    with pytest.raises(UsageError, match="CheckpointConfig.global_every"):
-        CheckpointConfig(global_every=0)
+    with pytest.raises(UsageError, match="CheckpointConfig.global_every_local_saves"):
+        CheckpointConfig(global_every_local_saves=0)
     with pytest.raises(UsageError, match="CheckpointConfig.local_every_steps"):
         CheckpointConfig(local_every_steps=-1)
 
@@ -136,7 +136,11 @@ def test_one_process_async_local_saves_restore_bit_identical(tmp_path):
     from tests.ckpt.workers import build, state_hash
 
     cfg = CheckpointConfig(
-        dir=tmp_path / "g", local_dir=tmp_path / "l", local_every_steps=1, global_every=2, clean_abandoned=False
+        dir=tmp_path / "g",
+        local_dir=tmp_path / "l",
+        local_every_steps=1,
+        global_every_local_saves=2,
+        clean_abandoned=False,
     )
     ck = TieredCheckpointer(cfg, identity="x")
     tiers = []
@@ -161,7 +165,11 @@ def test_global_copy_of_a_local_step_same_bytes_and_a_failed_copy_makes_the_next
     from tests.ckpt.workers import build, state_hash
 
     cfg = CheckpointConfig(
-        dir=tmp_path / "g", local_dir=tmp_path / "l", local_every_steps=1, global_every=2, clean_abandoned=False
+        dir=tmp_path / "g",
+        local_dir=tmp_path / "l",
+        local_every_steps=1,
+        global_every_local_saves=2,
+        clean_abandoned=False,
     )
     ck = TieredCheckpointer(cfg, identity="x")
     tiers = []

@@ -12,7 +12,7 @@ from tests.ckpt.workers import build, cfg, state_hash
 
 def _ck(gdir: str, ldir: str, identity: str, **kw: tp.Any) -> TieredCheckpointer:
     kw.setdefault("local_every_steps", 1)
-    kw.setdefault("global_every", 3)
+    kw.setdefault("global_every_local_saves", 3)
     return TieredCheckpointer(cfg(gdir, local_dir=ldir, keep_last=0, **kw), run_id="run-t", identity=identity)
 
 

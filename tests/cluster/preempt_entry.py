@@ -94,7 +94,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             config=CheckpointConfig(
                 keep_last=opts.keep,
                 local_every_steps=opts.local_every,
-                global_every=opts.global_every,
+                global_every_local_saves=opts.global_every,
                 local_dir=opts.local_dir,
             ),
         ),

@@ -243,10 +243,15 @@ def test_a_stop_during_evaluation_records_it_as_interrupted_and_saves_that_step(
 
 
 class _FakeCheckpointer:
-    def __init__(self):
-        self.calls = []
+    def __init__(self, every_steps=4):
+        from hpctrain.ckpt.config import SaveCadence
 
-    def save(self, step, *, blocking, **state):
+        self.calls, self.cadence = [], SaveCadence(every_steps=every_steps)
+
+    def should_save(self, step, *, requested=False):
+        return self.cadence.tier(step, requested=requested)
+
+    def save(self, step, *, blocking, tier="global", **state):
         self.calls.append(("save", step, blocking))
 
     def wait(self):

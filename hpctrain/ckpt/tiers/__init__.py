@@ -1,5 +1,5 @@
 """Multi-level checkpoints (docs/checkpoint.md, "Tiers"): node-local copies with a partner replica on the next
-node every few steps, the global (shared filesystem) tier every ``global_every``-th of them.
+node every few steps, the global (shared filesystem) tier every ``global_every_local_saves``-th of them.
 
 :class:`TieredCheckpointer` has the :class:`~hpctrain.ckpt.Checkpointer` interface (``save`` with a ``tier``,
 ``restore`` preferring the newest complete local step newer than the newest global commit); the local protocol

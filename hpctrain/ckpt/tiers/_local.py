@@ -87,7 +87,7 @@ class LocalCheckpointer(Checkpointer):
         super().__init__(local, run_id=run_id, identity=identity)
         self.node = self.nodes.node_of[self.rank]
         self.leader = self.nodes.leader(self.node) == self.rank
-        self.then: tp.Optional[tp.Callable[[int, Path, tp.Dict[str, tp.Any]], None]] = None
+        self.pending_global_copy: tp.Optional[tp.Callable[[int, Path, tp.Dict[str, tp.Any]], None]] = None
         """Called once, on every rank, after the next local commit with (step, its directory, its manifest), in
         the thread that committed it: the tiered checkpointer's drain to the global tier."""
         self.refilled: tp.List[int] = []
@@ -161,9 +161,9 @@ class LocalCheckpointer(Checkpointer):
         self._fail_if(err, comm.all_gather_ints([0 if err else 1]), step, tmp)
         if self.leader:
             self._prune(LOCAL_KEEP, temporaries=True)
-        then, self.then = self.then, None
-        if then is not None:
-            then(step, final, manifest)
+        copy_to_global, self.pending_global_copy = self.pending_global_copy, None
+        if copy_to_global is not None:
+            copy_to_global(step, final, manifest)
         return final
 
     def _fail_if(self, err: str, results: tp.List[tp.List[int]], step: int, tmp: Path, force: bool = False) -> None:
