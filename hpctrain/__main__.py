@@ -27,7 +27,7 @@ COMMANDS: tp.Dict[str, tp.Tuple[str, str]] = {
     "bundle": ("hpctrain.bundle.cli", "write a run's recoverable bundle (RO-Crate), or verify one"),
     "report": ("hpctrain.report.cli", "one self-contained HTML report of a run: curves, breakdown, ranks, ledger"),
     "export-tensorboard": ("hpctrain.report.tensorboard", "write a run's metrics as TensorBoard event files"),
-    "reproduce": ("hpctrain.bundle.reproduce", "rebuild a bundled run, submit it again, compare its loss"),
+    "reproduce": ("hpctrain.bundle.reproduce_cli", "rebuild a bundled run, submit it again, compare its loss"),
 }
 
 

@@ -59,14 +59,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UsageError
 from hpctrain.ledger import Ledger
-from hpctrain.rundir import RunDir, read_json
+from hpctrain.rundir import RunDir, attempt_label, parse_label, read_json
 
 __all__ = [
     "is_run_dir",
@@ -93,7 +92,6 @@ __all__ = [
 PathLike = tp.Union[str, "os.PathLike[str]"]
 MAX_IDENTITY_FILES = 4096
 """Identity manifests read per run (one per attempt): far above any real run, a bound on a damaged one."""
-_LABEL = re.compile(r"^(?P<job>.+)-r(?P<restart>\d+|\?)$")
 
 
 def _paths(run: tp.Union[PathLike, RunDir]) -> RunDir:
@@ -131,22 +129,6 @@ def is_run_dir(path: tp.Union[PathLike, RunDir]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- attempts
-def attempt_label(job_id: tp.Optional[str], restart_count: tp.Optional[int]) -> str:
-    """``<job id or local>-r<restart count>`` (``-r?``: not recorded): the one spelling of an attempt's name."""
-    return f"{job_id or 'local'}-r{'?' if restart_count is None else restart_count}"
-
-
-def parse_label(text: str) -> tp.Optional[tp.Tuple[str, tp.Optional[int]]]:
-    """``(job id, restart count)`` of an :func:`attempt_label` (``local`` gives the job id ``""``; ``-r?`` None),
-    None for text that is not one."""
-    m = _LABEL.match(text) if isinstance(text, str) else None
-    if m is None:
-        return None
-    job = m.group("job")
-    restart = m.group("restart")
-    return ("" if job == "local" else job), (None if restart == "?" else int(restart))
-
-
 SLURM_CAUSES = {
     "NODE_FAIL": "node_failure",
     "BOOT_FAIL": "node_failure",

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import typing as tp
 from pathlib import Path
 
@@ -45,6 +46,8 @@ from hpctrain._files import NotReadable, read_bounded
 
 __all__ = [
     "RunDir",
+    "attempt_label",
+    "parse_label",
     "LEDGER_SCHEMA",
     "METRICS_SCHEMA",
     "RECORD_LIMIT",
@@ -67,6 +70,25 @@ JSONL_LIMIT = 64 << 20
 """Bytes read of a whole JSONL file (the ledger); the metrics are read as a tail window instead."""
 
 PathLike = tp.Union[str, "os.PathLike[str]"]
+
+
+_LABEL = re.compile(r"^(?P<job>.+)-r(?P<restart>\d+|\?)$")
+
+
+def attempt_label(job_id: tp.Optional[str], restart_count: tp.Optional[int]) -> str:
+    """``<job id or local>-r<restart count>`` (``-r?``: not recorded): the one spelling of an attempt's name."""
+    return f"{job_id or 'local'}-r{'?' if restart_count is None else restart_count}"
+
+
+def parse_label(text: str) -> tp.Optional[tp.Tuple[str, tp.Optional[int]]]:
+    """``(job id, restart count)`` of an :func:`attempt_label` (``local`` gives the job id ``""``; ``-r?`` None),
+    None for text that is not one."""
+    m = _LABEL.match(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    job = m.group("job")
+    restart = m.group("restart")
+    return ("" if job == "local" else job), (None if restart == "?" else int(restart))
 
 
 class RunDir:
@@ -120,11 +142,11 @@ class RunDir:
 
     def attempt_dir(self, job_id: str, restart_count: int) -> Path:
         """One folder per attempt: a local run has no job id (``local``), a requeue a new restart count."""
-        return self.ranks / f"{job_id or 'local'}-r{restart_count}"
+        return self.ranks / attempt_label(job_id, restart_count)
 
     def attempt_numbers(self, job_id: str) -> tp.List[int]:
         """The restart counts of the attempts of ``job_id`` that have a folder here, ascending."""
-        prefix = f"{job_id or 'local'}-r"
+        prefix = attempt_label(job_id, 0)[:-1]  # the label up to its restart count
         try:
             names = [p.name for p in self.ranks.iterdir() if p.name.startswith(prefix)]
         except OSError:
@@ -183,7 +205,7 @@ class RunDir:
         return self.identity / "submit.json"
 
     def identity_attempt(self, job_id: str, restart_count: int) -> Path:
-        return self.identity / f"{job_id or 'local'}-r{restart_count}.json"
+        return self.identity / f"{attempt_label(job_id, restart_count)}.json"
 
     @property
     def code_snapshot(self) -> Path:
@@ -215,7 +237,7 @@ class RunDir:
     @property
     def reproduced_code(self) -> Path:
         """A run made by ``python -m hpctrain reproduce``: the code rebuilt from the bundle's snapshot (one tree
-        per repository, the entry runs from it) and the reproduction's record (:mod:`hpctrain.bundle.reproduce`
+        per repository, the entry runs from it) and the reproduction's record (:mod:`hpctrain.bundle.reproduce_cli`
         names what is inside)."""
         return self.root / "code"
 

@@ -29,7 +29,7 @@ import re
 import typing as tp
 from pathlib import Path
 
-from hpctrain.rundir import RunDir  # the run's own file names, kept in the bundle's run/ folder
+from hpctrain.rundir import RunDir, attempt_label  # the run's own file names, kept in the bundle's run/ folder
 
 __all__ = ["BundleLayout", "BUNDLE_SCHEMA", "ARCHIVE_SUFFIXES"]
 
@@ -113,7 +113,7 @@ class BundleLayout:
         return self.root / self.IDENTITY / "submit.json"
 
     def identity_attempt(self, job_id: str, restart_count: int) -> Path:
-        return self.root / self.IDENTITY / f"{_UNSAFE.sub('_', job_id) or 'local'}-r{int(restart_count)}.json"
+        return self.root / self.IDENTITY / f"{attempt_label(_UNSAFE.sub('_', job_id), int(restart_count))}.json"
 
     @property
     def code_snapshot(self) -> Path:

@@ -44,7 +44,7 @@ from hpctrain.errors import UsageError
 from hpctrain.identity.code import Git, capture_code, code_essentials, dirty_summary, public_code
 from hpctrain.identity.runtime import capture_runtime, runtime_essentials
 from hpctrain.identity.snapshot import write_snapshot
-from hpctrain.rundir import RunDir, dumps_record, read_json
+from hpctrain.rundir import RunDir, attempt_label, dumps_record, read_json
 
 __all__ = [
     "SCHEMA",
@@ -348,7 +348,8 @@ def ownership_record(
 # ----------------------------------------------------------------------------------------------- comparing
 def _label(record: tp.Mapping[str, tp.Any]) -> str:
     a = record.get("attempt") or {}
-    return f"{a.get('job_id') or 'local'}-r{a.get('restart_count')}"
+    restart = a.get("restart_count")
+    return attempt_label(a.get("job_id"), restart if isinstance(restart, int) else None)
 
 
 def _code_differences(old: tp.Any, new: tp.Any) -> tp.List[str]:

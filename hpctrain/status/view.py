@@ -15,6 +15,7 @@ import typing as tp
 from hpctrain._files import shorten
 from hpctrain._human import fmt_bytes, fmt_duration, fmt_num
 from hpctrain.ckpt.config import RESTORE_TIERS
+from hpctrain.rundir import attempt_label
 from hpctrain.status.faults import render_faults
 from hpctrain.status.nodes import render_nodes
 
@@ -319,8 +320,8 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
             from_step = r.get("step") if from_step is None else from_step
             status = r.get("status") if r.get("status") is not None else r.get("cause")
             attempt = "" if r.get("job_id") is None else _plain(r["job_id"], 40)
-            if r.get("restart_count") is not None:  # the attempt as the Slurm lines name it: JOB-rRESTART
-                attempt += f"-r{r['restart_count']}" if attempt else f"r{r['restart_count']}"
+            if isinstance(r.get("restart_count"), int):  # the attempt as the Slurm lines name it: JOB-rRESTART
+                attempt = attempt_label(attempt, r["restart_count"])
             rows.append(
                 (
                     _plain(r.get("event"), 40),

@@ -290,7 +290,7 @@ def test_a_tar_bundle_dry_run_rebuilds_the_code_and_writes_nothing(original, tmp
 
 # ---------------------------------------------------------------------------------------------- the pieces
 def test_the_threads_each_rank_ran_with():
-    from hpctrain.bundle.rebuild import recorded_threads
+    from hpctrain.bundle.unpack import recorded_threads
 
     local = {"attempt": {"launcher": "submitit-local", "world_size": 2}, "runtime": {"cpu": {"count": 8}}}
     assert recorded_threads(local)[0] == 4
@@ -372,7 +372,7 @@ def test_data_mapping_and_argument_rewriting():
 
 
 def test_loss_comparison_rows():
-    from hpctrain.bundle.replay import compare, expected_intervals, intervals
+    from hpctrain.bundle.loss_intervals import compare, expected_intervals, intervals
 
     recorded = intervals(
         [

@@ -24,18 +24,18 @@ On the login node, without torch, in this order (nothing is written before the c
 6. ``--from-checkpoint``: the bundled checkpoint is hard-linked (or copied) into the new run's checkpoint
    directory and verified, so the Trainer resumes from it; ``--steps K`` replays K steps from it (entries that
    take ``--steps`` as the **total** step count get the bundled step + K);
-7. **compare** the loss of every recorded interval the reproduction covers with its own (:mod:`hpctrain.bundle.replay`)
-   once the job has ended (a local job, or Slurm with ``--follow``); exit 1 when one differs. Later:
-   ``python -m hpctrain reproduce compare NEW``.
+7. **compare** the loss of every recorded interval the reproduction covers with its own
+   (:mod:`hpctrain.bundle.loss_intervals`) once the job has ended (a local job, or Slurm with ``--follow``);
+   exit 1 when one differs. Later: ``python -m hpctrain reproduce compare NEW``.
 
 ``-o/--output NEW`` is the new run directory (``--run-dir``, the older spelling, is accepted too); it must
 not exist yet (a reproduction never resumes or replaces a run, so there is no ``--force``).
 
 This module is the command line (the arguments, ``main``); the steps above are
-:class:`hpctrain.bundle.reproduction.Reproduction`'s, the settings handed to ``hpctrain.submit``
-:mod:`hpctrain.bundle.resubmit`'s, the record and the comparison (``reproduce compare``)
-:mod:`hpctrain.bundle.comparison`'s. The pieces taken from the bundle (verify, code, checkpoint, threads) are
-:mod:`hpctrain.bundle.rebuild`'s.
+:class:`hpctrain.bundle.reproduce_steps.Reproduction`'s, the settings handed to ``hpctrain.submit``
+:mod:`hpctrain.bundle.submit_settings`'s, the record and the comparison (``reproduce compare``)
+:mod:`hpctrain.bundle.loss_compare`'s. The pieces taken from the bundle (verify, code, checkpoint, threads) are
+:mod:`hpctrain.bundle.unpack`'s.
 Nothing of the bundle is imported or executed here, except the entry, which ``hpctrain.submit`` imports in a
 child interpreter as for any submission, and which the job runs. What reproduce did is in
 ``NEW/code/reproduce.json`` (:data:`RECORD`).
@@ -48,9 +48,9 @@ import sys
 import typing as tp
 
 from hpctrain._cli import add_json_flag, add_subcommands, command_parser, implicit_subcommand
-from hpctrain.bundle.comparison import RECORD, RECORD_SCHEMA, _compare_arguments, _compare_main, compare_run
-from hpctrain.bundle.reproduction import Reproduction
-from hpctrain.bundle.resubmit import _NOT_PASSED, SUBMIT_TOML
+from hpctrain.bundle.loss_compare import RECORD, RECORD_SCHEMA, _compare_arguments, _compare_main, compare_run
+from hpctrain.bundle.reproduce_steps import Reproduction
+from hpctrain.bundle.submit_settings import _NOT_PASSED, SUBMIT_TOML
 
 __all__ = ["main", "build_parser", "RECORD", "SUBMIT_TOML", "RECORD_SCHEMA", "compare_run"]
 

@@ -1,9 +1,9 @@
 """The reproduction's record and the comparison of its loss with the bundled run's: what
 ``python -m hpctrain reproduce compare NEW`` does (:func:`compare_run`; the intervals and the comparison of
-them are :mod:`hpctrain.bundle.replay`'s).
+them are :mod:`hpctrain.bundle.loss_intervals`'s).
 
 The record (:data:`RECORD`, schema :data:`RECORD_SCHEMA`) is written into ``NEW/code/`` by
-:class:`hpctrain.bundle.reproduction.Reproduction`; it holds the recorded intervals the reproduction covers and
+:class:`hpctrain.bundle.reproduce_steps.Reproduction`; it holds the recorded intervals the reproduction covers and
 the tolerance, so that a job that ended after reproduce returned (Slurm without ``--follow``) is compared later
 from the new run directory alone.
 """
@@ -25,18 +25,18 @@ RECORD_SCHEMA = "hpctrain.reproduce/1"
 
 
 def compare_run(run_dir: tp.Union[str, Path], expected: tp.Sequence[tp.Mapping[str, tp.Any]], tolerance: float):
-    """The reproduction's metrics against the ``expected`` recorded intervals (:func:`replay.compare`)."""
-    from hpctrain.bundle import replay
+    """The reproduction's metrics against the ``expected`` recorded intervals (:func:`loss_intervals.compare`)."""
+    from hpctrain.bundle import loss_intervals
 
     records, _ = read_jsonl(RunDir(run_dir).metrics, limit=JSONL_LIMIT)
-    return replay.compare(expected, replay.intervals(records), tolerance=tolerance)
+    return loss_intervals.compare(expected, loss_intervals.intervals(records), tolerance=tolerance)
 
 
 COMPARE_SCHEMA = "hpctrain.reproduce.compare/1"
 
 
 def _compare_arguments(p: tp.Any) -> None:
-    """``reproduce compare``'s arguments (the parser is :func:`hpctrain.bundle.reproduce.build_parser`)."""
+    """``reproduce compare``'s arguments (the parser is :func:`hpctrain.bundle.reproduce_cli.build_parser`)."""
     add_run_dir(p)
     p.add_argument("--tolerance", type=float, metavar="REL", help="override the recorded tolerance")
     add_json_flag(p)
@@ -45,7 +45,7 @@ def _compare_arguments(p: tp.Any) -> None:
 def _compare_main(opts: tp.Any) -> int:
     from rich.console import Console
 
-    from hpctrain.bundle import replay
+    from hpctrain.bundle import loss_intervals
 
     paths = RunDir(opts.run_dir)
     problems: tp.List[str] = []
@@ -58,7 +58,7 @@ def _compare_main(opts: tp.Any) -> int:
     if opts.json:
         print_json(result, schema=COMPARE_SCHEMA)
     else:
-        replay.render_comparison(result, Console(highlight=False, soft_wrap=True), title=_title(record))
+        loss_intervals.render_comparison(result, Console(highlight=False, soft_wrap=True), title=_title(record))
     return EXIT_OK if result["ok"] else EXIT_FAILED
 
 

@@ -3,8 +3,8 @@ write nothing (the bundle verified, the data against its fingerprints, the entry
 resolved, the environment against the recorded one), then the writes (the rebuilt code, the placed checkpoint, the
 record), the submission through ``hpctrain.submit``, and the loss comparison once the job has ended.
 
-The command line is :mod:`hpctrain.bundle.reproduce`'s; the settings handed to ``hpctrain.submit`` are
-:mod:`hpctrain.bundle.resubmit`'s; the record and the comparison :mod:`hpctrain.bundle.comparison`'s.
+The command line is :mod:`hpctrain.bundle.reproduce_cli`'s; the settings handed to ``hpctrain.submit`` are
+:mod:`hpctrain.bundle.submit_settings`'s; the record and the comparison :mod:`hpctrain.bundle.loss_compare`'s.
 """
 
 from __future__ import annotations
@@ -20,12 +20,19 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._cli import EXIT_FAILED, EXIT_OK, print_json
-from hpctrain.bundle import inputs, rebuild
-from hpctrain.bundle.comparison import RECORD, RECORD_SCHEMA, _title, compare_run
-from hpctrain.bundle.resubmit import SUBMIT_TOML, _entry_visible, _new_run_dir, _submit_flags, _toml, refuse_nested
+from hpctrain.bundle import inputs, unpack
+from hpctrain.bundle.loss_compare import RECORD, RECORD_SCHEMA, _title, compare_run
+from hpctrain.bundle.submit_settings import (
+    SUBMIT_TOML,
+    _entry_visible,
+    _new_run_dir,
+    _submit_flags,
+    _toml,
+    refuse_nested,
+)
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.run import recorded_checkpoint_dir
-from hpctrain.rundir import JSONL_LIMIT, RunDir, read_json, read_jsonl
+from hpctrain.rundir import JSONL_LIMIT, RunDir, parse_label, read_json, read_jsonl
 
 RUN_SCHEMA = "hpctrain.reproduce.run/1"
 """The shape of ``reproduce run --json``'s object."""
@@ -73,17 +80,17 @@ class Reproduction:
             refuse_nested(Path(opts.run_dir).expanduser().absolute(), bundle)
         # a tar is unpacked beside the new run, where its checkpoint can be hard-linked from
         parent = Path(opts.run_dir).expanduser().absolute().parent if opts.run_dir else Path.cwd() / "runs"
-        opened = rebuild.open_bundle(bundle, parent, checkpoint=opts.from_checkpoint or opts.steps is not None)
+        opened = unpack.open_bundle(bundle, parent, checkpoint=opts.from_checkpoint or opts.steps is not None)
         try:
             return self._run(opened, data)
         finally:
             opened.close()
 
     # --------------------------------------------------------------------------------- the checks (no writes)
-    def _run(self, opened: rebuild.Opened, data: tp.List[str]) -> int:
+    def _run(self, opened: unpack.Opened, data: tp.List[str]) -> int:
         from rich.markup import escape
 
-        from hpctrain.bundle import envdiff, replay
+        from hpctrain.bundle import envdiff, loss_intervals
         from hpctrain.submit.config import SubmitConfig
 
         opts, lay, rec = self.opts, opened.layout, opened.record
@@ -96,11 +103,11 @@ class Reproduction:
         )
         for w in opened.warnings:
             self.note(w)
-        submission = rebuild.need(opened, lay.submission, "what was submitted")
+        submission = unpack.need(opened, lay.submission, "what was submitted")
         config = submission.get("config") if isinstance(submission.get("config"), dict) else None
         if not config or not config.get("entry"):
             raise HpctrainError(f"{lay.rel(lay.submission)}: no submitted config with an entry; cannot resubmit")
-        ident = rebuild.identity_source(opened)
+        ident = unpack.identity_source(opened)
         cfg_values = {k: v for k, v in config.items() if k in SubmitConfig.__dataclass_fields__}
         job_name = str(self.submit_values.get("job_name") or cfg_values.get("job_name") or "run")
         new_run = _new_run_dir(opts, job_name, Path(self.opts.bundle).expanduser().absolute())
@@ -123,10 +130,10 @@ class Reproduction:
         if from_ckpt and step is None:
             raise HpctrainError(f"BUNDLE {opened.shown} records no checkpoint step: cannot resume from it")
         metrics, _ = read_jsonl(lay.metrics, limit=JSONL_LIMIT)
-        recorded_intervals = replay.intervals(metrics)
+        recorded_intervals = loss_intervals.intervals(metrics)
         after = step if from_ckpt else 0
         until = step + opts.steps if opts.steps is not None and step is not None else None
-        expected = replay.expected_intervals(recorded_intervals, after or 0, until)
+        expected = loss_intervals.expected_intervals(recorded_intervals, after or 0, until)
         last = max(recorded_intervals) if recorded_intervals else None
         if from_ckpt and not expected:
             raise UsageError(
@@ -199,7 +206,7 @@ class Reproduction:
             (read_json(lay.identity_submit, []) or {}).get("code"),
         )
         self.report["environment"] = env
-        threads, how_known = rebuild.recorded_threads(ident)
+        threads, how_known = unpack.recorded_threads(ident)
         here = os.environ.get("OMP_NUM_THREADS", "").strip()
         if threads is None:
             row = {"what": "CPU threads per rank", "recorded": None, "current": here or "hpctrain's choice"}
@@ -240,10 +247,10 @@ class Reproduction:
         new_run.mkdir(parents=True, exist_ok=True)
         submitted = False
         try:
-            code = rebuild.restore_code(opened, paths.reproduced_code)
+            code = unpack.restore_code(opened, paths.reproduced_code)
             self._say_code(code)
             if from_ckpt:
-                placed = rebuild.place_checkpoint(opened, ckpt_dir)
+                placed = unpack.place_checkpoint(opened, ckpt_dir)
                 self.report["checkpoint_placed"] = placed
                 self.say(
                     f"checkpoint step {placed['step']} ({placed['how']}, verified) -> {escape(placed['path'])}: "
@@ -292,7 +299,7 @@ class Reproduction:
             result = compare_run(new_run, expected, opts.tolerance)
             record["comparison"] = result
             if not opts.json:
-                replay.render_comparison(result, self.console, title=_title(record))
+                loss_intervals.render_comparison(result, self.console, title=_title(record))
         self.report["comparison"] = result
         record["identity"] = self.report["identity"] = self._identity_vs(ident, paths)
         self._write_record(paths, record)
@@ -304,7 +311,7 @@ class Reproduction:
 
     # --------------------------------------------------------------------------------- pieces
     def _settings(
-        self, opened: rebuild.Opened, recorded: tp.Mapping[str, tp.Any], args: tp.Sequence[str], run: Path
+        self, opened: unpack.Opened, recorded: tp.Mapping[str, tp.Any], args: tp.Sequence[str], run: Path
     ) -> tp.Any:
         """The SubmitConfig the submission will resolve to (recorded settings < the flags given here): a bad flag
         is its one UsageError line, before anything is read or written."""
@@ -330,8 +337,8 @@ class Reproduction:
         history = attempt_history(paths.root)
         if not history:
             return None
-        job, _, restart = str(history[-1]["attempt"]).rpartition("-r")
-        mine = read_json(paths.identity_attempt(job if job != "local" else "", int(restart or 0)), []) or {}
+        job, restart = parse_label(str(history[-1]["attempt"])) or ("", 0)
+        mine = read_json(paths.identity_attempt(job, restart or 0), []) or {}
         a = original.get("identity_sections") if isinstance(original.get("identity_sections"), dict) else {}
         b = mine.get("identity_sections") if isinstance(mine.get("identity_sections"), dict) else {}
         same = [s for s in SECTIONS if a.get(s) is not None and a.get(s) == b.get(s)]
@@ -372,7 +379,7 @@ class Reproduction:
         self.console.print(table)
 
     def _checkpoint_dir(
-        self, opened: rebuild.Opened, old_run: tp.Optional[str], paths: RunDir, args: tp.List[str], cwd: tp.Any
+        self, opened: unpack.Opened, old_run: tp.Optional[str], paths: RunDir, args: tp.List[str], cwd: tp.Any
     ) -> tp.Tuple[Path, tp.List[str], tp.List[tp.Dict[str, str]]]:
         """Where the new run's Trainer keeps its checkpoints: the run's checkpoint directory moved into the new run
         when it lay inside the run: the directory the bundled checkpoint was taken from, inside the run directory it
@@ -433,7 +440,7 @@ class Reproduction:
 
     def _record(
         self,
-        opened: rebuild.Opened,
+        opened: unpack.Opened,
         code: tp.Mapping[str, tp.Any],
         expected: tp.Sequence[tp.Mapping[str, tp.Any]],
         mode: tp.Mapping[str, tp.Any],
@@ -480,7 +487,7 @@ class Reproduction:
         atomic_write_json(paths.reproduced_code / RECORD, record)
 
     def _dry_run(
-        self, opened: rebuild.Opened, args: tp.Sequence[str], config: tp.Mapping[str, tp.Any], rec: tp.Any
+        self, opened: unpack.Opened, args: tp.Sequence[str], config: tp.Mapping[str, tp.Any], rec: tp.Any
     ) -> int:
         """--dry-run: the code rebuilt in a scratch directory (the entry must be found), then hpctrain.submit's
         own dry run (the sbatch script); nothing is written under the new run directory."""
@@ -488,7 +495,7 @@ class Reproduction:
 
         scratch = Path(tempfile.mkdtemp(prefix=".hpctrain-reproduce-dry-"))
         try:
-            code = rebuild.restore_code(opened, scratch / "code")
+            code = unpack.restore_code(opened, scratch / "code")
             self._say_code(code)
             toml_path = scratch / SUBMIT_TOML
             toml_path.write_text(_toml(config, str(config["entry"]), args, "dry run", code["code_path"]))
