@@ -21,10 +21,10 @@ parallel filesystem shared by every node of a job: the ratios here understate wh
 steps (an MLP's forward + backward, one all_reduce of its gradients, SGD) holding ``--size-mb`` of state (the MLP +
 untouched tensors), with no checkpoint (``step_s``) and with an async ``local`` / ``global`` /
 ``local_then_global`` (a local save, then its files copied to the global tier in the background: what every
-``global_every_local_saves``-th save of a run does) save every ``--overhead-every`` steps. ``save_cost_s``: per save (median),
-the steps from the save's call until no rank has it in flight (its blocking part included) less as many steps of
-the reference (the mean step just before and after that window); ``overhead_at_60s`` / ``_300s`` = save_cost_s /
-interval.
+``global_every_local_saves``-th save of a run does) save every ``--overhead-every`` steps. ``save_cost_s``: per
+save (median), the steps from the save's call until no rank has it in flight (its blocking part included) less
+as many steps of the reference (the mean step just before and after that window); ``overhead_at_60s`` /
+``_300s`` = save_cost_s / interval.
 ``direct``: the check of that model, alternating blocks of ``--direct-interval`` seconds of steps with one
 local save / with none, ``--direct-seconds`` of each: ``overhead`` = with / without - 1, beside
 ``predicted_overhead`` = the local save_cost_s / the blocks' interval.
