@@ -14,6 +14,7 @@ directory. Metrics go to ``RUN_DIR/train/metrics.jsonl`` (``python -m hpctrain s
 * With ``--ckpt-every N`` (or ``--ckpt-minutes M``) it checkpoints (async) and at the end, with the
   loader's position; a run that finds a committed checkpoint in ``--ckpt-dir`` (default
   ``RUN_DIR/checkpoints``) resumes from it, on any number of ranks, mid-epoch.
+* With ``--tensorboard [DIR]`` rank 0 writes TensorBoard events while training (``TrainConfig.tensorboard``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,15 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-metrics", action="store_true", help="no per-phase timing (for A/B runs of its cost)")
     p.add_argument("--quiet", action="store_true", help="no per-interval display")
     p.add_argument(
+        "--tensorboard",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="DIR",
+        help="write TensorBoard events while training (rank 0) into DIR (relative: under RUN_DIR; "
+        "default RUN_DIR/tensorboard); a requeued attempt continues the same TensorBoard run",
+    )
+    p.add_argument(
         "--accept-data-change",
         action="store_true",
         help="resume although --data changed since the previous attempt (recorded in the run's identity)",
@@ -172,6 +182,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         ),
         metrics=MetricsConfig(enabled=not opts.no_metrics, display=not opts.quiet),
         accept_data_change=opts.accept_data_change,
+        tensorboard=opts.tensorboard,
         parallel=ParallelConfig(mode=opts.parallel, activation_checkpoint=opts.activation_checkpoint),
     )
     local_batch = opts.batch_size // ctx.world_size

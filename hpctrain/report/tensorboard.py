@@ -29,6 +29,7 @@ from hpctrain._files import shorten
 from hpctrain._output import output_dir
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.rundir import RunDir
+from hpctrain.train import tensorboard as tb_scalars
 
 __all__ = ["main", "build_parser", "export", "ExportResult", "INTERVAL_TAGS", "EVAL_TAGS", "EVENT_PREFIX", "SCHEMA"]
 
@@ -37,50 +38,10 @@ SCHEMA = "hpctrain.export-tensorboard/1"
 
 EVENT_PREFIX = "events.out.tfevents."
 
-_PARTS = (
-    ("step_s", "step"),
-    ("data_wait_s", "data_wait"),
-    ("forward_backward_s", "forward_backward"),
-    ("grad_comm_exposed_s", "grad_comm_exposed"),
-    ("optimizer_s", "optimizer"),
-    ("checkpoint_s", "checkpoint"),
-)
-
-
-def _median_ms(part: str) -> tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]]:
-    def get(rec: tp.Mapping[str, tp.Any]) -> tp.Optional[float]:
-        stats = (rec.get("per_step") or {}).get(part) if isinstance(rec.get("per_step"), dict) else None
-        value = stats.get("median") if isinstance(stats, dict) else None
-        return 1e3 * value if value is not None else None
-
-    return get
-
-
-def _field(name: str, scale: float = 1.0) -> tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]]:
-    def get(rec: tp.Mapping[str, tp.Any]) -> tp.Optional[float]:
-        value = rec.get(name)
-        return scale * value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    return get
-
-
-INTERVAL_TAGS: tp.Tuple[tp.Tuple[str, tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]], str], ...] = (
-    ("train/loss", _field("loss"), "mean training loss of the log interval over its steps and all ranks"),
-    ("train/lr", _field("lr"), "learning rate of the first parameter group"),
-    ("throughput/samples_per_s", _field("samples_per_s"), "samples of all ranks / the slowest rank's interval time"),
-    ("throughput/mfu", _field("mfu"), "model FLOPs utilisation: achieved FLOP/s per device / the device's peak"),
-    ("throughput/flops_per_s", _field("flops_per_s"), "achieved FLOP/s of all ranks"),
-    ("throughput/data_wait_frac", _field("data_wait_frac"), "data wait / step time, summed over ranks"),
-    *(
-        (f"step_time_ms/{name}", _median_ms(part), f"median over ranks of each rank's mean {name} time per step, ms")
-        for part, name in _PARTS
-    ),
-)
+# The mapping of a record to scalars, and the writer, are the live writer's (TrainConfig.tensorboard): one owner
+INTERVAL_TAGS = tb_scalars.INTERVAL_TAGS
 """``(tag, value of a sanitised interval record or None, description)`` of every scalar an interval gives."""
-
-EVAL_TAGS: tp.Tuple[tp.Tuple[str, tp.Callable[[tp.Mapping[str, tp.Any]], tp.Optional[float]], str], ...] = (
-    ("eval/loss", _field("loss"), "mean evaluation loss over ranks (an interrupted evaluation: fewer batches)"),
-)
+EVAL_TAGS = tb_scalars.EVAL_TAGS
 
 
 @dataclass
@@ -136,8 +97,9 @@ def _check_out(out: Path, overwrite: bool) -> Path:
     real = output_dir(out)
     if _event_files(real) and not overwrite:
         raise UsageError(
-            f"-o {shorten(os.fspath(out), 300)}: already holds TensorBoard event files (an earlier export?); "
-            "pass --force to replace them, or choose another directory"
+            f"-o {shorten(os.fspath(out), 300)}: already holds TensorBoard event files (written live during "
+            f"training with TrainConfig.tensorboard, or by an earlier export): view them with tensorboard --logdir "
+            f"{shorten(os.fspath(out), 300)}; pass --force to replace them, or -o another directory"
         )
     return real
 
@@ -161,12 +123,9 @@ def export(
         )
     shown = Path(out) if out is not None else RunDir(root).tensorboard
     out_path = _check_out(shown, overwrite)
-    try:
-        from tensorboard.summary import Writer
-    except ImportError as exc:
-        raise HpctrainError(
-            f"the tensorboard package is not installed ({exc}); pip install 'hpctrain[tensorboard]'"
-        ) from None
+    missing = tb_scalars.missing_package()
+    if missing is not None:
+        raise HpctrainError(missing)
 
     timed = sorted((r for r in intervals + evals if r.get("time") is not None), key=lambda r: r["_seq"])
     untimed = len(intervals) + len(evals) - len(timed)
@@ -178,24 +137,20 @@ def export(
     result = ExportResult(out=shown, event_file=out_path, superseded=superseded, untimed=untimed, notes=notes)
     try:
         tmp.mkdir()
-        writer = Writer(os.fspath(tmp))
+        writer = tb_scalars.open_writer(tmp)
         described: tp.Set[str] = set()
-        for records, tags in ((kept_i, INTERVAL_TAGS), (kept_e, EVAL_TAGS)):
-            for rec in records:
-                for tag, get, description in tags:
-                    value = get(rec)
-                    if value is None:
-                        continue
-                    writer.add_scalar(
-                        tag,
-                        value,
-                        rec["step"],
-                        wall_time=float(rec["time"]),
-                        description=None if tag in described else description,
-                    )
-                    described.add(tag)
-                    result.scalars += 1
-                    result.tags.add(tag)
+        for rec in kept_i + kept_e:
+            for tag, value, step in tb_scalars.scalars(rec):
+                writer.add_scalar(
+                    tag,
+                    value,
+                    step,
+                    wall_time=float(rec["time"]),
+                    description=None if tag in described else tb_scalars.DESCRIPTIONS[tag],
+                )
+                described.add(tag)
+                result.scalars += 1
+                result.tags.add(tag)
         writer.close()
         written = _event_files(tmp)
         if len(written) != 1:  # pragma: no cover - the writer makes exactly one

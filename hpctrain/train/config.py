@@ -13,7 +13,8 @@ import os
 import typing as tp
 from dataclasses import asdict, dataclass, field
 
-from hpctrain._validate import check_bool, check_choice, check_instance, check_int, check_number, check_str
+from hpctrain._files import shorten
+from hpctrain._validate import check_bool, check_choice, check_instance, check_int, check_number, check_path, check_str
 from hpctrain.ckpt.config import CheckpointConfig, check_field
 from hpctrain.defaults import DEFAULT_MTBF_NODE_HOURS
 from hpctrain.errors import UsageError
@@ -287,6 +288,11 @@ class TrainConfig:
     """Resume although the input data's fingerprint changed since the previous attempt (a file added or
     removed, its size, HDF5 structure or sampled content): the change is recorded in the run's identity.
     Without it such a resume stops with one line naming the file (docs/bundle.md, "Run identity")."""
+    tensorboard: tp.Union[bool, PathLike, None] = None
+    """Write TensorBoard events while training (rank 0, the scalars ``export-tensorboard`` writes, flushed at
+    every log interval): True = ``RUN_DIR/tensorboard/``, a path = that directory (a relative one under
+    RUN_DIR), None or False = off. A requeued attempt continues the same TensorBoard run, its redone steps
+    once (docs/report.md, "TensorBoard, live"). Needs the tensorboard package."""
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):
@@ -306,6 +312,28 @@ class TrainConfig:
         check_instance(self, "metrics", self.metrics, MetricsConfig)
         check_instance(self, "parallel", self.parallel, ParallelConfig)
         check_bool(self, "accept_data_change", self.accept_data_change)
+        self._check_tensorboard()
+
+    def _check_tensorboard(self) -> None:
+        value = self.tensorboard
+        if value is None or isinstance(value, bool):
+            pass
+        else:
+            check_path(self, "tensorboard", value, what="True, a directory", none_ok=True, hint="None or False = off")
+        if value not in (None, False):
+            from hpctrain.train.tensorboard import missing_package
+
+            why = missing_package()
+            if why is not None:
+                raise UsageError(f"TrainConfig.tensorboard={shorten(repr(value))}: {why}")
+
+    def tensorboard_dir(self, run_dir: PathLike) -> tp.Optional[str]:
+        """Where ``tensorboard`` writes for a run in ``run_dir``: None when off."""
+        if self.tensorboard in (None, False):
+            return None
+        if self.tensorboard is True:
+            return os.path.join(os.fspath(run_dir), "tensorboard")
+        return os.path.join(os.fspath(run_dir), os.fspath(tp.cast(PathLike, self.tensorboard)))
 
     def to_dict(self) -> tp.Dict[str, tp.Any]:
         """Plain JSON-ready values (the ledger records it). ``checkpoint.dir`` and ``checkpoint.keep_last``
@@ -317,4 +345,6 @@ class TrainConfig:
             ck["config"]["dir"] = os.fspath(ck["config"]["dir"])
         ck["config"]["lustre_stripe"] = list(ck["config"]["lustre_stripe"])
         ck["dir"], ck["keep_last"] = ck["config"]["dir"], ck["config"]["keep_last"]
+        if self.tensorboard is not None and not isinstance(self.tensorboard, bool):
+            out["tensorboard"] = os.fspath(self.tensorboard)
         return out

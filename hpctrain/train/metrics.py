@@ -268,6 +268,7 @@ class MetricsRecorder:
         flops_per_sample: tp.Optional[float] = None,
         peak_flops_per_device: tp.Optional[float] = None,
         static: tp.Optional[tp.Mapping[str, tp.Any]] = None,
+        tensorboard: tp.Optional[tp.Any] = None,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
@@ -293,6 +294,8 @@ class MetricsRecorder:
         self.comm_measure: tp.Optional[str] = None
         """How ``grad_comm_exposed`` was measured: 'ddp_last_bucket', 'fsdp_waits' or None (not at all)."""
         self._undo_fsdp: tp.Optional[tp.Callable[[], None]] = None
+        self.tensorboard = tensorboard if self.path is not None else None
+        """Rank 0's :class:`hpctrain.train.tensorboard.LiveWriter`: each record written is written there too."""
 
     # ---- per step -----------------------------------------------------------------------------
     def attach_ddp(self, ddp_model: tp.Any) -> None:
@@ -460,6 +463,8 @@ class MetricsRecorder:
         # one write per line and a flush: a reader sees whole lines (or, after a crash, one torn last line)
         self._file.write(dumps_record(record) + "\n")
         self._file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)  # the same record's scalars, flushed
 
     def close(self) -> None:
         if self._undo_fsdp is not None:
@@ -471,3 +476,6 @@ class MetricsRecorder:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None

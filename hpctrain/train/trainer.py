@@ -39,6 +39,7 @@ from hpctrain.train.parallel import build_model, grad_sync, local_world_size
 from hpctrain.train.provenance import record_training_identity
 from hpctrain.train.saving import Saver
 from hpctrain.train.stopping import Stopping, StopSignal
+from hpctrain.train.tensorboard import LiveWriter
 
 __all__ = ["Trainer", "FitResult", "StopSignal"]  # StopSignal: defined in stopping, importable from here too
 
@@ -315,6 +316,7 @@ class Trainer:
         evaluator: tp.Optional[Evaluator],
     ) -> FitResult:
         cfg, pol, ctx = self.config, self.config.checkpoint, self.ctx
+        tb_dir = cfg.tensorboard_dir(self.run_dir) if self.rank == 0 else None
         rec = MetricsRecorder(
             rank=self.rank,
             world_size=self.world_size,
@@ -330,6 +332,8 @@ class Trainer:
                 "restart_count": ctx.restart_count,
                 "identity": (self.identity or {}).get("identity"),
             },
+            # rank 0: the same TensorBoard run across attempts, the steps after `start` purged (redone here)
+            tensorboard=LiveWriter(tb_dir, start_step=start) if tb_dir is not None else None,
         )
         try:
             rec.attach_ddp(b.model)
@@ -395,6 +399,8 @@ class Trainer:
             if evaluator is not None and step > start and not stopped:
                 ev = self._evaluate(evaluator, b, step, rec)
                 eval_loss = ev.loss if ev.loss is not None else eval_loss
+            if rec.tensorboard is not None:
+                rec.tensorboard.flush()  # before the final (or the stop's) save: nothing written is lost to a kill
             watchdog.during(
                 "save", saver.finish, step, start=start, stopped=stopped, stopping=self.stopping, note=self.display.note
             )
