@@ -28,6 +28,9 @@ COMMANDS: tp.Dict[str, tp.Tuple[str, str]] = {
     "report": ("hpctrain.report.cli", "one self-contained HTML report of a run: curves, breakdown, ranks, ledger"),
     "export-tensorboard": ("hpctrain.report.tensorboard", "write a run's metrics as TensorBoard event files"),
     "reproduce": ("hpctrain.bundle.reproduce_cli", "rebuild a bundled run, submit it again, compare its loss"),
+    "logs": ("hpctrain.logs.cli", "the log of any rank of any attempt of a run; --all, --errors, --follow"),
+    "runs": ("hpctrain.runs.cli", "every run you submitted: state, step, loss, checkpoint, run dir (one squeue)"),
+    "cancel": ("hpctrain.cancel", "cancel a run's job, recorded and never requeued; --save checkpoints first"),
 }
 
 

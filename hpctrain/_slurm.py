@@ -166,6 +166,11 @@ class SlurmCommands:
     def cancel(self, job_id: str) -> None:
         self.run(["scancel", job_id])
 
+    def signal(self, job_id: str, signal_name: str = "USR2") -> None:
+        """``scancel --signal=NAME JOB``: the signal to every task of the job's steps (not the batch shell), the
+        job left running. ``python -m hpctrain cancel --save`` sends USR2: the stop the Runner agrees on."""
+        self.run(["scancel", f"--signal={signal_name}", job_id])
+
     def requeue(self, job_id: str) -> None:
         """``scontrol requeue JOB``: the job goes back to PENDING with the same id, ``SLURM_RESTART_COUNT``
         one higher; Slurm ends the running tasks (SIGTERM, SIGKILL after KillWait). Called by rank 0 of
@@ -180,6 +185,25 @@ class SlurmCommands:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, shield)
         try:
             self.run(["scontrol", "requeue", job_id], timeout=60.0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def hold(self, job_id: str) -> None:
+        """``scontrol hold JOB``: its pending tasks (of an array: every pending task) are not started until
+        :meth:`release`; a running one goes on. Shielded from the step's SIGTERM and USR2 as :meth:`requeue` is."""
+        self._shielded(["scontrol", "hold", job_id])
+
+    def release(self, job_id: str) -> None:
+        """``scontrol release JOB``: undo :meth:`hold` (Slurm says "Job has already finished" / "not held" when
+        there is nothing to release: a SlurmCommandError)."""
+        self._shielded(["scontrol", "release", job_id])
+
+    def _shielded(self, argv: tp.Sequence[str]) -> str:
+        import signal
+
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR2})
+        try:
+            return self.run(argv, timeout=60.0)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
@@ -266,6 +290,41 @@ class SlurmCommands:
             return [(r.state, r.nodes) for r in self.job_runs([job_id])]
         except SlurmCommandError:
             return []
+
+    def config_value(self, name: str) -> tp.Optional[str]:
+        """One value of ``scontrol show config`` (``MaxArraySize``, ``PriorityType``, ...); None when scontrol does
+        not print it."""
+        out = self.run(["scontrol", "show", "config"], timeout=15.0)
+        for line in out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() == name:
+                return value.strip()
+        return None
+
+    def max_array_size(self) -> tp.Optional[int]:
+        """The cluster's ``MaxArraySize`` (an array's indices run 0 .. MaxArraySize - 1), None when unknown."""
+        value = self.config_value("MaxArraySize")
+        return int(value) if value and value.isdigit() else None
+
+    def queue_states(self, job_ids: tp.Sequence[str]) -> tp.Dict[str, JobState]:
+        """``{job id: JobState}`` of every job of ``job_ids`` still in the queue, with ONE ``squeue`` call (array
+        tasks as ``A_T``, each task of a pending array on its own line: ``squeue -r``). A job squeue does not list
+        is absent (it ended: ask the run's own records, or :meth:`job_runs`)."""
+        ids = [str(j) for j in job_ids if j]
+        if not ids:
+            return {}
+        try:
+            out = self.run(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i|%T|%N|%M|%r"], timeout=15.0)
+        except SlurmCommandError as exc:
+            if "Invalid job id" not in str(exc):
+                raise
+            out = ""
+        states: tp.Dict[str, JobState] = {}
+        for line in out.splitlines():
+            job, state, nodes, elapsed, reason = (line.strip().split("|") + ["", "", "", ""])[:5]
+            if job:
+                states[job] = JobState(state, nodes, elapsed, "squeue", "" if reason == "None" else reason)
+        return states
 
     def running_job(self, job_id: str) -> tp.Tuple[str, tp.Optional[int]]:
         """``(state, time limit in seconds or None)`` of a job from squeue, ``("", None)`` when squeue does

@@ -11,6 +11,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_FAILURES_PER_1000_NODE_DAYS",
     "DEFAULT_MTBF_NODE_HOURS",
+    "DEFAULT_POLL_S",
 ]
 
 DEFAULT_DIST_TIMEOUT_S = 600
@@ -30,3 +31,10 @@ worse of the two clusters measured there: the default failure rate when none is 
 DEFAULT_MTBF_NODE_HOURS = 24.0 * 1000.0 / DEFAULT_FAILURES_PER_1000_NODE_DAYS
 """About 3692 hours between unplanned failures of one node (RSC-1's rate): a 64-node job fails every ~58 h,
 a 512-node job every ~7.2 h (``CheckpointPolicy.mtbf_node_hours``, the planner's ``--mtbf-node-hours``)."""
+
+DEFAULT_POLL_S = 10.0
+"""Seconds between two questions to the scheduler (``squeue``/``sacct``) from one process that watches a job
+(``submit --follow``; ``runs`` asks once per listing), overridden by the ``HPCTRAIN_POLL_S`` environment
+variable; doubled while the job is pending, up to 60 s. Why: every squeue or sacct is an RPC to slurmctld or
+slurmdbd shared by the whole site (a tool polling each second per job, times a sweep of thousands of tasks,
+has stalled clusters); what changes each second is the run directory, read locally in between."""

@@ -50,6 +50,10 @@ class FakeSlurm(SlurmCommands):
         # End as sacct prints them or as Unix times); none: one run from `final` when the job has a final state
         self.history: tp.Dict[str, tp.List[tp.Union[str, tp.Dict[str, tp.Any]]]] = {}
         self.missing: tp.Set[str] = set()  # commands not on PATH (e.g. {"sacct"} on a login node without it)
+        self.signalled: tp.List[tp.Tuple[str, str]] = []  # (job id, signal name) given to `scancel --signal`
+        # `scontrol show config`: name -> value (MaxArraySize bounds a sweep's job array)
+        self.config: tp.Dict[str, str] = {"MaxArraySize": "1001"}
+        self.held: tp.List[tp.Tuple[str, str]] = []  # ("hold" | "release", job id) given to scontrol, in order
 
     def run(self, argv: tp.Sequence[str], timeout: float = 30.0) -> str:
         argv = list(argv)
@@ -66,6 +70,21 @@ class FakeSlurm(SlurmCommands):
             return "".join(f"{n}|{self.node_state[n]}\n" for n in wanted if n in self.node_state)
         if program == "sinfo":
             return "\n".join(self.partition_lines) + "\n"
+        many = program == "squeue" and "-o" in argv and argv[argv.index("-o") + 1].startswith("%i|")
+        if many:  # queue_states: many jobs, one call
+            lines = []
+            for job in argv[argv.index("-j") + 1].split(","):
+                states = self.queue.get(job, [])
+                if states and job not in self.forgotten:
+                    state, _, reason = states.pop(0).partition(":")
+                    reason = reason or ("Priority" if state == "PENDING" else "None")
+                    lines.append(f"{job}|{state}|{'' if state == 'PENDING' else 'node1'}|0:05|{reason}\n")
+            return "".join(lines)
+        if program == "scontrol" and argv[1] in ("hold", "release"):
+            self.held.append((argv[1], argv[2]))
+            return ""
+        if program == "scontrol" and argv[1:3] == ["show", "config"]:
+            return "".join(f"{k:<23} = {v}\n" for k, v in self.config.items())
         if program == "squeue":
             job = argv[argv.index("-j") + 1]
             if job in self.forgotten:
@@ -85,6 +104,9 @@ class FakeSlurm(SlurmCommands):
             if "-D" in argv:
                 return self._sacct_runs(job.split(","), argv[argv.index("-o") + 1].split(","))
             return f"{self.final[job]}|node[1-2]|00:00:09\n" if job in self.final else ""
+        if program == "scancel" and argv[1].startswith("--signal="):
+            self.signalled.append((argv[2], argv[1].partition("=")[2]))
+            return ""
         if program == "scancel":
             self.final[argv[1]] = "CANCELLED by 0"
             self.queue[argv[1]] = []
@@ -108,6 +130,11 @@ class FakeSlurm(SlurmCommands):
             job["ExcNodeList"] = argv[3].partition("=")[2] or "(null)"
             return ""
         raise SlurmCommandError(f"{program} is not faked")
+
+    def count(self, program: tp.Optional[str] = None) -> int:
+        """How many commands were run (only ``program``'s: ``"squeue"``, ``"sacct"``, ... when given): what a test
+        of the scheduler's load counts (``runs`` lists every run with one squeue and at most one sacct)."""
+        return sum(1 for argv in self.calls if program is None or argv[0] == program)
 
     def _sacct_runs(self, jobs: tp.Sequence[str], columns: tp.Sequence[str]) -> str:
         """``sacct -D -X -P -n -j JOBS -o COLUMNS`` from :attr:`history` (else :attr:`final`)."""

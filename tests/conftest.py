@@ -40,3 +40,19 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"HPCTRAIN_REQUIRE_SLURM=1 but the Slurm cluster is not usable: {reason}")
     for item in slurm_items:
         item.add_marker(pytest.mark.skip(reason=f"Slurm dev cluster not running: {reason}"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_hpctrain_home(tmp_path_factory):
+    """Every test (and every process it starts) records runs in a throwaway registry, never in ~/.hpctrain.
+
+    Session-scoped and set in os.environ so subprocesses and Slurm jobs (sbatch exports the environment)
+    inherit it; a test that needs its own registry sets HPCTRAIN_HOME with monkeypatch on top.
+    """
+    old = os.environ.get("HPCTRAIN_HOME")
+    os.environ["HPCTRAIN_HOME"] = str(tmp_path_factory.mktemp("hpctrain-home"))
+    yield
+    if old is None:
+        os.environ.pop("HPCTRAIN_HOME", None)
+    else:
+        os.environ["HPCTRAIN_HOME"] = old

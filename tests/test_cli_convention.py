@@ -32,6 +32,7 @@ CANONICAL_HELP = dict(_cli.HELP)
 
 # Options whose name is shared but whose meaning differs in some commands: those commands, and why.
 DIFFERENT_MEANING: tp.Dict[str, tp.Tuple[tp.Tuple[str, ...], str]] = {
+    "--follow": (("logs",), "logs: the chosen rank's lines across requeues; submit: rank 0 with a live status"),
     "--step": (("ckpt verify",), "ckpt verify: only this step; its default is every committed step"),
     "--samples": (("data synth", "capacity"), "data synth: samples to write; capacity: samples to train on"),
     "--nodes": (("capacity",), "capacity: the node counts to predict; submit: the job's node count"),

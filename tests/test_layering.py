@@ -35,21 +35,24 @@ LAYERS: tp.List[tp.Tuple[str, str]] = [
     ("_slurm _lustre _cuda", "the seams to Slurm, Lustre and CUDA"),
     ("testing", "the fakes of those seams, shipped with the library"),
     ("rundir", "every path of a run directory"),
+    ("registry", "the per-user run registry (one line per submitted run)"),
     ("ledger", "the attempts' start / end / exit records"),
     ("runtime", "ranks, rendezvous, process group, device, stop agreement (node side)"),
     ("data ckpt", "the input path and the checkpoints (node side, with torch-free login readers)"),
     ("identity", "the run identity: code, config, data, runtime, ownership"),
     ("run", "what a run directory says: attempts, its checkpoints, its identity"),
     ("run_slurm", "Slurm's record of a run's attempts (sacct, matched by time)"),
+    ("sweep", "a sweep's plan and its table (login side)"),
     ("launch train approvals", "the task runner and the Trainer (node side); the approval log"),
-    ("status submit", "login side: where a run stands; submitting a run"),
+    ("status submit logs cancel", "login side: where a run stands; submitting a run; its logs; cancelling it"),
+    ("runs", "the list of a user's runs (registry + run directories + one squeue/sacct)"),
     ("capacity", "the planner"),
     ("report bundle", "the HTML report and TensorBoard export; the recoverable bundle and reproduce"),
     ("examples __main__", "the demo and the front door"),
 ]
 
 NODE_SIDE = {"runtime", "data", "ckpt", "launch", "train"}
-LOGIN_COMMANDS = {"submit", "status", "capacity", "report", "bundle", "approvals", "__main__"}
+LOGIN_COMMANDS = {"submit", "status", "logs", "cancel", "runs", "capacity", "report", "bundle", "approvals", "__main__"}
 
 
 def _modules(root: Path = ROOT) -> tp.Dict[str, Path]:

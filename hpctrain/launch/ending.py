@@ -36,7 +36,41 @@ from hpctrain.launch.records import claim_decision, committed_progress, end_caus
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.preemption import HangDetected, StopCause, classify_end, is_peer_failure, requeue_decision
 
-__all__ = ["AttemptEnd", "finish_attempt", "requeue_job_id", "resume_command"]
+__all__ = [
+    "AttemptEnd",
+    "finish_attempt",
+    "requeue_job_id",
+    "resume_command",
+    "cancel_request_path",
+    "cancel_request",
+    "cancelled_by_text",
+]
+
+CANCEL_REQUEST = "cancel-request.json"
+
+
+def cancel_request_path(run_dir: tp.Union[str, "os.PathLike[str]"]) -> Path:
+    """``RUN_DIR/cancel-request.json``: written by ``python -m hpctrain cancel`` before it signals the job, read by
+    the deciding rank: an attempt of that job is not requeued, and its exit record says who cancelled it."""
+    return Path(run_dir) / CANCEL_REQUEST
+
+
+def cancel_request(run_dir: tp.Union[str, "os.PathLike[str]"], job_id: str) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The cancel request for ``job_id`` (None: none, or one for another job of the run)."""
+    from hpctrain.rundir import read_json
+
+    record = read_json(cancel_request_path(run_dir), [])
+    if record is None or str(record.get("job_id") or "") != str(job_id):
+        return None
+    return record
+
+
+def cancelled_by_text(request: tp.Mapping[str, tp.Any]) -> str:
+    """``cancelled by alice on login1 at 2026-12-03 15:04:05 (python -m hpctrain cancel --save)``."""
+    when = request.get("time")
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
+    how = "python -m hpctrain cancel" + (" --save" if request.get("save") else "")
+    return f"cancelled by {request.get('user') or '?'} on {request.get('host') or '?'} at {shown} ({how})"
 
 
 @dataclass
@@ -101,6 +135,9 @@ def finish_attempt(
         atomic_write_json(path, {"rank": rank, "cause": local, "time": time.time(), "error": _short(error)})
     except OSError:
         pass  # the record helps rank 0 classify; its absence only makes the classification coarser
+    # One line per rank on stderr: where this attempt's stderr ends in the rank's log file, which Slurm appends
+    # every attempt to (``python -m hpctrain logs`` splits the attempts there; docs/logs.md).
+    print(f"hpctrain: rank {rank} ends attempt {restart_count} ({local})", file=sys.stderr, flush=True)
     if rank != 0:
         # A survivor of a failure decides only when no lower rank wrote its end record in time: they died.
         if local not in (StopCause.NODE_FAILURE, StopCause.HANG):
@@ -151,6 +188,9 @@ def finish_attempt(
     else:
         progress = committed is not None and committed > resumed
         progress_note = f"resumed from step {resumed}, newest committed step {committed}"
+    cancel = cancel_request(run_dir, job_id) if on_slurm and cause != StopCause.FINISHED else None
+    if cancel is not None:  # `python -m hpctrain cancel`: the user's stop, whatever signal carried it
+        cause = StopCause.CANCELLED
     requeued = False
     if cause == StopCause.FINISHED:
         reason = "finished"
@@ -162,15 +202,21 @@ def finish_attempt(
         requeued, reason = requeue_decision(
             cause, restarts=restart_count, max_requeues=max_requeues, committed_new_step=progress
         )
-        if cause == StopCause.CANCELLED:
+        if cancel is not None:
+            reason = f"not requeued: {cancelled_by_text(cancel)}"
+        elif cause == StopCause.CANCELLED:
             reason += " (scancel: no node of the job failed, and Slurm did not requeue it as it does a preemption)"
-        if failure is not None:
+        if failure is not None and cancel is None:
             requeued, reason = failure.decide(requeued, reason)
     if requeued and not (failure is not None and failure.requeued_by_slurm):
         from hpctrain._slurm import SlurmCommandError
+        from hpctrain.launch.array import requeue_task_first
 
         try:
-            slurm.requeue(requeue_job_id(job_id))
+            # an array task: ahead of the array's tasks that never started (hpctrain.launch.array)
+            ahead = requeue_task_first(slurm, requeue_job_id(job_id), os.environ)
+            if ahead:
+                reason += f"; {ahead}"
         except SlurmCommandError as exc:
             requeued, reason = False, f"not requeued: {exc}"
     hosts: tp.Dict[str, tp.Any] = {}
@@ -203,6 +249,8 @@ def finish_attempt(
     }
     if hang is not None:
         record["hang"] = hang
+    if cancel is not None:
+        record["cancelled_by"] = {k: cancel.get(k) for k in ("user", "host", "time", "save")}
     try:
         Ledger(run_dir).append(record)
     except OSError as exc:

@@ -141,6 +141,7 @@ class Runner:
             )
             self._record_rank(ctx, started, joined)
             if ctx.rank == 0:
+                self._release_array(ctx)
                 self._capture_identity(ctx)
                 self._record_unseen_end(ctx)
             print(
@@ -283,6 +284,20 @@ class Runner:
             + moved,
             flush=True,
         )
+
+    def _release_array(self, ctx: tp.Any) -> None:
+        """Rank 0 of a restarted job-array task: the array's tasks its requeue held come back
+        (:func:`hpctrain.launch.array.release_array`)."""
+        if ctx.launcher != "slurm" or ctx.restart_count == 0:
+            return
+        try:
+            from hpctrain._slurm import SlurmCommands
+            from hpctrain.launch.array import release_array
+
+            if release_array(SlurmCommands()):
+                print("hpctrain: this requeued array task started first; the array's held tasks released", flush=True)
+        except Exception as exc:  # noqa: BLE001 - scheduling order only: never a reason for this attempt to fail
+            print(f"hpctrain: warning: the array's held tasks not released: {type(exc).__name__}: {exc}", flush=True)
 
     def _record_unseen_end(self, ctx: tp.Any) -> None:
         """Rank 0 of a restart: the end of a previous attempt whose ranks all died unrecorded (a node failure

@@ -32,7 +32,7 @@ from hpctrain.launch.exclusion import SPARES_LEFT_ENV, exclude_hosts
 from hpctrain.launch.records import committed_progress
 from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir
-from hpctrain.runtime.env import ATTEMPT_ENV, expand_hostlist
+from hpctrain.runtime.env import ATTEMPT_ENV, expand_hostlist, slurm_job_id
 
 __all__ = ["next_attempt", "step_argv", "SpareLoop", "main"]
 
@@ -94,7 +94,7 @@ class SpareLoop:
         self.srun = list(srun)
         self.slurm = slurm if slurm is not None else SlurmCommands()
         self.environ = dict(os.environ if environ is None else environ)
-        self.job_id = self.environ.get("SLURM_JOB_ID", "")
+        self.job_id = slurm_job_id(self.environ)  # ARRAYJOB_TASK in a job array: requeue and exclude this task only
         self.run_step = run_step or (lambda argv, env: subprocess.call(argv, env=env))
         self.exit_wait_s = exit_wait_s
         self.bad: tp.List[str] = []

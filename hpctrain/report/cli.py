@@ -65,12 +65,28 @@ def _write(
     return target, data
 
 
+def _sweep_main(args: tp.Any, *, slurm: tp.Any) -> int:
+    """``report SWEEP_DIR``: :func:`hpctrain.report.sweep.write_sweep_report`, the same -o/--force/--json rule."""
+    from hpctrain.report.sweep import write_sweep_report
+
+    target = write_sweep_report(args.run_dir, args.output, slurm=slurm, overwrite=args.force)
+    where = target.shown if args.output is not None or target.stream else os.fspath(target.path)
+    if args.json:
+        print_json({"output": where, "bytes": target.size, "sweep": True}, schema=SCHEMA)
+    else:
+        print(
+            f"sweep report {where} ({target.size / 1024:.0f} KiB)", file=sys.stderr if target.to_stdout else sys.stdout
+        )
+    return 0
+
+
 def build_parser() -> tp.Any:
     parser = command_parser(
         "report",
         "Write one self-contained HTML report of a run: loss and eval curves (restarts as gaps), samples/s and "
         "MFU, the step-time breakdown, per-rank spread, the attempts timeline, checkpoints, identity and "
-        "approvals. No server, no network: open the file in any browser.",
+        "approvals. No server, no network: open the file in any browser. Given a sweep's directory (submit\n"
+        "--sweep), one page comparing its tasks (SWEEP_DIR/sweep-report.html).",
     )
     add_run_dir(parser)
     add_output(parser, kind="file", help="the HTML report", default="RUN_DIR/report.html")
@@ -82,6 +98,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None) ->
     args = build_parser().parse_args(argv)
     if args.json and args.output is not None and output_file(args.output).to_stdout:
         raise UsageError("-o names standard output, where --json prints the summary; write the report to a file")
+    from hpctrain.sweep.plan import is_sweep_dir
+
+    if is_sweep_dir(args.run_dir):  # a sweep's directory: the one page comparing its tasks
+        return _sweep_main(args, slurm=slurm)
     target, data = _write(args.run_dir, args.output, slurm=slurm, overwrite=args.force)
     committed = sum(1 for c in data.checkpoints if c["status"] == "committed")
     # the page went to standard output (-o /dev/stdout, or the file stdout goes to): the summary goes to stderr

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 from hpctrain.errors import HpctrainError
 
-__all__ = ["DistEnv", "DistEnvError", "from_environ", "expand_hostlist", "expand_tasks_per_node", "derive_port"]
+__all__ = [
+    "DistEnv",
+    "DistEnvError",
+    "from_environ",
+    "expand_hostlist",
+    "expand_tasks_per_node",
+    "derive_port",
+    "slurm_job_id",
+]
 
 PORT_BASE = 20000
 PORT_SPAN = 20000  # ports PORT_BASE .. PORT_BASE + 2*PORT_SPAN - 1
@@ -159,8 +167,16 @@ def _override(environ: tp.Mapping[str, str], addr: str, port: int) -> tp.Tuple[s
     return addr, port
 
 
+def slurm_job_id(environ: tp.Mapping[str, str] = os.environ) -> str:
+    """The id that names this Slurm job to every Slurm command: ``ARRAYJOB_TASK`` for a task of a job array
+    (``SLURM_JOB_ID`` is then the task's own record, and the array's id alone names every task: ``scontrol
+    requeue`` of it requeued another running task), else ``SLURM_JOB_ID``."""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
+
+
 def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
-    job_id = environ.get("SLURM_JOB_ID", "")
+    job_id = slurm_job_id(environ)
     if "SLURM_STEP_ID" not in environ and "SLURM_STEPID" not in environ:
         ntasks = environ.get("SLURM_NTASKS", "1")
         if ntasks != "1":
@@ -203,7 +219,8 @@ def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
     # The attempt number: Slurm's requeue count, unless the spare-node loop (hpctrain.launch.spares) restarted
     # the step inside the allocation; it then numbers every step it starts (ATTEMPT_ENV), one owner for both.
     restart = int(environ.get(ATTEMPT_ENV) or environ.get("SLURM_RESTART_COUNT") or 0)
-    addr, port = _override(environ, hosts[0], derive_port(job_id, restart))
+    # the port from the numeric id of this job record (an array task's own), distinct for neighbours on a node
+    addr, port = _override(environ, hosts[0], derive_port(environ.get("SLURM_JOB_ID") or job_id, restart))
     return DistEnv(
         rank=rank,
         local_rank=local_rank,

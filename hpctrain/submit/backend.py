@@ -28,7 +28,15 @@ from hpctrain.rundir import RunDir
 from hpctrain.submit.config import SubmitConfig
 from hpctrain.submit.sbatch import slurm_parameters
 
-__all__ = ["Submission", "default_run_dir", "prepare_run_dir", "submit", "check_clean"]
+__all__ = [
+    "Submission",
+    "default_run_dir",
+    "prepare_run_dir",
+    "prepare_task_dir",
+    "submit",
+    "submit_sweep",
+    "check_clean",
+]
 
 
 @dataclass
@@ -158,12 +166,16 @@ def _recorded_argv(argv: tp.Sequence[str]) -> tp.List[str]:
     return redact_argv(argv)
 
 
-def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[str]) -> Submission:
-    """Submit ``cfg`` to ``cluster`` ('slurm' or 'local'); writes the run records; returns the job."""
-    import submitit
-
-    paths = RunDir(run_dir)
-    folder = paths.logs
+def _submission_record(
+    cfg: SubmitConfig,
+    run_dir: Path,
+    *,
+    cluster: str,
+    argv: tp.Sequence[str],
+    folder: Path,
+    extra: tp.Optional[tp.Mapping[str, tp.Any]] = None,
+) -> tp.Dict[str, tp.Any]:
+    """Capture the run's identity and write its ``submission.json`` in state ``submitting``; returns the record."""
     identity = _capture_identity(cfg, run_dir, argv)
     record: tp.Dict[str, tp.Any] = {
         "hpctrain_version": __version__,
@@ -178,9 +190,15 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         "host": socket.gethostname(),
         "state": "submitting",
         "identity": identity,
+        **(extra or {}),
     }
-    atomic_write_json(paths.submission, record)
-    runner = _runner(cfg, run_dir)
+    atomic_write_json(RunDir(run_dir).submission, record)
+    return record
+
+
+def _executor(cfg: SubmitConfig, folder: Path, *, cluster: str, run_dir: Path) -> tp.Any:
+    import submitit
+
     if cluster == "slurm":
         # The Runner replaces submitit's signal handlers and requeues by itself (hpctrain.launch.ending);
         # submitit's timeout counter is never used, the bound is cfg.max_requeues against SLURM_RESTART_COUNT.
@@ -196,19 +214,25 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
             signal_delay_s=cfg.signal_lead_s,
             gpus_per_node=cfg.gpus_per_node,
         )
-    try:
-        with _terminal_interrupts_ignored(cluster == "local"):
-            job = executor.submit(runner)
-    except Exception as exc:  # submitit raises FailedSubmissionError / CalledProcessError with sbatch's text
+    return executor
+
+
+def _submission_failed(records: tp.Sequence[tp.Tuple[RunDir, tp.Dict[str, tp.Any]]], exc: Exception) -> HpctrainError:
+    """Record the failure in every run's ``submission.json``; the one-line error to raise."""
+    for paths, record in records:
         record["state"] = "submission failed"
         record["error"] = str(exc)
         atomic_write_json(paths.submission, record)
-        text = str(exc).strip().splitlines()
-        raise HpctrainError(f"submission failed: {text[-1] if text else type(exc).__name__}") from exc
-    submitted_at = time.time()
+    text = str(exc).strip().splitlines()
+    return HpctrainError(f"submission failed: {text[-1] if text else type(exc).__name__}")
+
+
+def _record_submitted(
+    paths: RunDir, record: tp.Dict[str, tp.Any], job: tp.Any, *, submitted_at: float, script: tp.Optional[str]
+) -> None:
+    """``submission.json`` once sbatch answered: the job id, the script given to sbatch, the log paths."""
     record.update(state="submitted", job_id=str(job.job_id), submitted_at=submitted_at)
-    if cluster == "slurm":
-        script = Path(job.paths.submission_file).read_text()
+    if script is not None:
         atomic_write_text(paths.sbatch_script, script)
         record["sbatch_script"] = str(paths.sbatch_script)
     record["logs"] = {
@@ -216,4 +240,104 @@ def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[
         "stderr": str(job.paths.stderr).replace("%t", "<rank>"),
     }
     atomic_write_json(paths.submission, record)
+
+
+def submit(cfg: SubmitConfig, *, run_dir: Path, cluster: str, argv: tp.Sequence[str]) -> Submission:
+    """Submit ``cfg`` to ``cluster`` ('slurm' or 'local'); writes the run records; returns the job."""
+    paths = RunDir(run_dir)
+    folder = paths.logs
+    record = _submission_record(cfg, run_dir, cluster=cluster, argv=argv, folder=folder)
+    runner = _runner(cfg, run_dir)
+    executor = _executor(cfg, folder, cluster=cluster, run_dir=run_dir)
+    try:
+        with _terminal_interrupts_ignored(cluster == "local"):
+            job = executor.submit(runner)
+    except Exception as exc:  # submitit raises FailedSubmissionError / CalledProcessError with sbatch's text
+        raise _submission_failed([(paths, record)], exc) from exc
+    submitted_at = time.time()
+    script = Path(job.paths.submission_file).read_text() if cluster == "slurm" else None
+    _record_submitted(paths, record, job, submitted_at=submitted_at, script=script)
+    from hpctrain.registry import record_run  # the user's run list (`runs`); a failed write is one warning
+
+    kind = "reproduce" if paths.reproduced_code.exists() else "submit"
+    record_run(run_dir, job.job_id, name=cfg.job_name, cluster=cluster, kind=kind, submitted_at=submitted_at)
     return Submission(job=job, job_id=str(job.job_id), run_dir=run_dir, cluster=cluster, submitted_at=submitted_at)
+
+
+def prepare_task_dir(run_dir: Path, logs: Path) -> None:
+    """A sweep task's run directory: created empty (one that holds a submission is refused); its ``logs`` is a
+    relative link to the sweep's one submitit folder, where Slurm writes every task's ``A_T_<rank>_log.*`` (a
+    job array has one output pattern), so :meth:`RunDir.log_file` of the task's job id finds its own logs."""
+    paths = RunDir(run_dir)
+    try:
+        if paths.submission.exists():
+            raise UsageError(f"{run_dir} already holds a submission; choose a new --run-dir for the sweep")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not paths.logs.is_symlink():
+            if paths.logs.exists():
+                raise UsageError(f"{paths.logs} exists; choose a new --run-dir for the sweep")
+            paths.logs.symlink_to(os.path.relpath(logs, run_dir), target_is_directory=True)
+    except OSError as exc:
+        raise UsageError(f"--run-dir {run_dir}: cannot create it ({exc.strerror or exc})") from None
+
+
+def submit_sweep(
+    cfgs: tp.Sequence[SubmitConfig],
+    *,
+    run_dirs: tp.Sequence[Path],
+    sweep_dir: Path,
+    parallelism: int,
+    argv: tp.Sequence[str],
+    extras: tp.Sequence[tp.Mapping[str, tp.Any]] = (),
+) -> tp.List[Submission]:
+    """Submit one Slurm job array, a task per config (``cfgs[i]`` runs as ``SLURM_ARRAY_TASK_ID`` i in
+    ``run_dirs[i]``, with its own Runner, submission record, identity, ledger and checkpoints); at most
+    ``parallelism`` tasks run at once. The job settings of ``cfgs[0]`` are the array's (one sbatch script);
+    the others differ in their run directory, entry arguments and the Runner's settings only."""
+    folder = sweep_dir / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i, (cfg, run_dir) in enumerate(zip(cfgs, run_dirs)):
+        prepare_task_dir(run_dir, folder)
+        extra = extras[i] if i < len(extras) else {}
+        records.append(
+            (RunDir(run_dir), _submission_record(cfg, run_dir, cluster="slurm", argv=argv, folder=folder, extra=extra))
+        )
+    runners = [_runner(cfg, run_dir) for cfg, run_dir in zip(cfgs, run_dirs)]
+    executor = _executor(cfgs[0], folder, cluster="slurm", run_dir=sweep_dir)
+    executor.update_parameters(array_parallelism=max(1, min(parallelism, len(cfgs))))
+    try:
+        jobs = executor.submit_array(runners)  # one sbatch --array=0-N%K; job i is "<array id>_i"
+    except Exception as exc:
+        raise _submission_failed(records, exc) from exc
+    submitted_at = time.time()
+    array_id = str(jobs[0].job_id).split("_")[0]
+    script_file = submitit_paths(folder, array_id).submission_file
+    script = Path(script_file).read_text() if Path(script_file).exists() else None
+    if script is not None:
+        atomic_write_text(RunDir(sweep_dir).sbatch_script, script)  # the array's one script, also in each task's dir
+    from hpctrain.registry import record_run  # each task is one run of the user's list (`runs`)
+
+    out = []
+    for (paths, record), job, run_dir, cfg in zip(records, jobs, run_dirs, cfgs):
+        _record_submitted(paths, record, job, submitted_at=submitted_at, script=script)
+        record_run(
+            run_dir,
+            job.job_id,
+            name=cfg.job_name,
+            cluster="slurm",
+            kind="sweep-task",
+            sweep=sweep_dir,
+            submitted_at=submitted_at,
+        )
+        out.append(
+            Submission(job=job, job_id=str(job.job_id), run_dir=run_dir, cluster="slurm", submitted_at=submitted_at)
+        )
+    return out
+
+
+def submitit_paths(folder: Path, job_id: str) -> tp.Any:
+    """submitit's file names of ``job_id`` in ``folder`` (``submission_file``, ``stdout``, the pickles)."""
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(folder, job_id=job_id)

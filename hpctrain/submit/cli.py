@@ -137,6 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
         "its own run directory, with its submitted settings (flags given here override them)",
     )
     t.add_argument("--config", metavar="FILE", help=f"TOML file (default ./{DEFAULT_CONFIG_FILE} if present)")
+    t.add_argument(
+        "--sweep",
+        metavar="FILE",
+        help="submit a sweep: one Slurm job array, a task per combination of the file's [sweep.grid] (and per "
+        "[[sweep.tasks]] table), each in its own run directory under --run-dir (docs/sweeps.md)",
+    )
+    t.add_argument(
+        "--max-parallel",
+        type=_integer,
+        metavar="K",
+        help="with --sweep: at most K tasks running at once (the array's %%K; default [sweep] max_parallel, else all)",
+    )
     w = p.add_argument_group("ownership and identity (recorded in RUN_DIR/identity/, docs/bundle.md)")
     w.add_argument("--owner", metavar="NAME", help="who owns the run (default: the user submitting it)")
     w.add_argument("--team", metavar="NAME", help="the owner's team or project")
@@ -170,6 +182,8 @@ def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.
     config_file = getattr(ns, "config", None)
     kwargs: tp.Dict[str, tp.Any] = {}
     resume = getattr(ns, "resume", None)
+    if resume is not None and getattr(ns, "sweep", None) is not None:
+        raise UsageError("--sweep submits a new sweep; --resume continues one run: give one of them")
     if resume is not None:
         if getattr(ns, "run_dir", None) is not None:
             raise UsageError("--resume RUN_DIR names the run directory; drop --run-dir")
@@ -178,6 +192,14 @@ def resolve_config(argv: tp.Sequence[str], cwd: tp.Optional[Path] = None) -> tp.
         kwargs.update(load_toml(Path(config_file)))
     elif (cwd / DEFAULT_CONFIG_FILE).exists():
         kwargs.update(load_toml(cwd / DEFAULT_CONFIG_FILE))
+    if getattr(ns, "sweep", None) is not None:
+        from hpctrain.submit.config import toml_kwargs
+        from hpctrain.sweep.plan import load_sweep
+
+        ns.sweep_plan = load_sweep(Path(ns.sweep), config=toml_kwargs)
+        kwargs.update(ns.sweep_plan.config)  # its [job]/[train]/[run] over the config file, under the flags
+    elif getattr(ns, "max_parallel", None) is not None:
+        raise UsageError("--max-parallel applies to a sweep: add --sweep FILE")
     fields = {f.name for f in dataclasses.fields(SubmitConfig)}
     for key, value in vars(ns).items():
         if key in fields:
@@ -257,6 +279,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
             print("hpctrain submit: note: --spare-nodes applies to Slurm jobs; a local run has none", file=sys.stderr)
     run_dir = _run_dir(cfg)
     as_json = bool(getattr(ns, "json", False))
+    if getattr(ns, "sweep_plan", None) is not None:
+        from hpctrain.submit.sweep import submit_sweep_cli
+
+        return submit_sweep_cli(cfg, ns, argv, sweep_dir=run_dir, cluster=cluster, slurm=slurm, console=console)
     if getattr(ns, "dry_run", False):
         from hpctrain.submit.sbatch import render_sbatch
 
@@ -308,15 +334,17 @@ def wait_for_reason(
     slurm: tp.Any,
     job_id: str,
     *,
-    timeout_s: float = 2.0,
-    poll_s: float = 0.25,
+    timeout_s: float = 3.0,
+    poll_s: float = 1.0,
     sleep: tp.Callable[[float], None] = time.sleep,
     clock: tp.Callable[[], float] = time.monotonic,
 ) -> tp.Any:
     """The job's state, polled for at most ``timeout_s`` while it is pending without a reason.
 
     Right after a submission squeue says reason ``None`` until the scheduler's next pass (on a cold
-    or busy controller that can take seconds): a short bounded wait usually gets the real reason.
+    or busy controller that can take seconds): a short bounded wait usually gets the real reason. The
+    defaults ask squeue at most four times (one look, then once a second for 3 s): a submit must not be
+    the tight loop that loads a shared controller (the follow loop's rule, :mod:`hpctrain.submit.follow`).
     """
     deadline = clock() + timeout_s
     state = slurm.job_state(job_id)

@@ -25,7 +25,16 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["SubmitConfig", "parse_time", "format_time", "parse_mem", "load_toml", "DEFAULT_CONFIG_FILE"]
+__all__ = [
+    "SubmitConfig",
+    "parse_time",
+    "format_time",
+    "parse_mem",
+    "load_toml",
+    "read_toml",
+    "toml_kwargs",
+    "DEFAULT_CONFIG_FILE",
+]
 
 DEFAULT_CONFIG_FILE = "hpctrain.toml"
 CLUSTERS = ("auto", "slurm", "local")
@@ -265,8 +274,13 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
         require_clean = true       # refuse to submit from a dirty git tree
         secret_patterns = ["*.secret", "mycreds/*"]   # never stored in the code snapshot (names, hashes only)
     """
+    return toml_kwargs(read_toml(path), path)
+
+
+def read_toml(path: tp.Union[str, Path], *, what: str = "--config") -> tp.Dict[str, tp.Any]:
+    """The tables of a TOML file (a regular UTF-8 file of at most 1 MiB); any problem is one UsageError line."""
     path = Path(path)
-    raw = read_regular_file(path, what="--config", limit=CONFIG_FILE_LIMIT)
+    raw = read_regular_file(path, what=what, limit=CONFIG_FILE_LIMIT)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -277,9 +291,19 @@ def load_toml(path: tp.Union[str, Path]) -> tp.Dict[str, tp.Any]:
         raise UsageError(f"{shorten(path)}: not valid TOML ({exc})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits, absurd nesting
         raise UsageError(f"{shorten(path)}: not usable TOML ({type(exc).__name__}: {shorten(exc, 120)})") from None
-    unknown_tables = sorted(set(data) - {"job", "train", "run"})
+    return data
+
+
+def toml_kwargs(
+    data: tp.Mapping[str, tp.Any], path: tp.Union[str, Path], *, also: tp.Sequence[str] = ()
+) -> tp.Dict[str, tp.Any]:
+    """SubmitConfig keyword arguments from the ``[job]``, ``[train]`` and ``[run]`` tables of ``data`` (read from
+    ``path``); ``also``: the other tables the file may have (a sweep file's ``[sweep]``), left to the caller."""
+    path = Path(path)
+    unknown_tables = sorted(set(data) - {"job", "train", "run", *also})
     if unknown_tables:
-        raise UsageError(f"{shorten(path)}: unknown table(s) {shorten(unknown_tables)}; use [job], [train] and [run]")
+        valid = ", ".join(f"[{t}]" for t in ("job", "train", "run", *also))
+        raise UsageError(f"{shorten(path)}: unknown table(s) {shorten(unknown_tables)}; use {valid}")
     for table in ("job", "train", "run"):
         if not isinstance(data.get(table, {}), dict):
             raise UsageError(f"{shorten(path)}: {table} must be a table ([{table}] followed by key = value lines)")

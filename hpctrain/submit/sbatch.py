@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpctrain.submit.config import SubmitConfig
 
-__all__ = ["slurm_parameters", "render_sbatch", "submitit_command"]
+__all__ = ["slurm_parameters", "render_sbatch", "submitit_command", "array_parameters"]
 
 WCKEY = "hpctrain"
 
@@ -71,11 +71,26 @@ def submitit_command(python: str, folder: tp.Union[str, Path]) -> str:
 
 
 def render_sbatch(
-    cfg: SubmitConfig, *, folder: tp.Union[str, Path], python: str, run_dir: tp.Union[str, Path, None] = None
+    cfg: SubmitConfig,
+    *,
+    folder: tp.Union[str, Path],
+    python: str,
+    run_dir: tp.Union[str, Path, None] = None,
+    array: tp.Optional[tp.Tuple[int, int]] = None,
 ) -> str:
     """The sbatch script submitit will write for ``cfg`` with logs in ``folder``, run by ``python``
-    (``run_dir``: the run directory, needed with spare nodes)."""
+    (``run_dir``: the run directory, needed with spare nodes). ``array``: ``(tasks, parallelism)`` of a sweep's
+    job array (``--array=0-<tasks-1>%<parallelism>``, logs ``%A_%a_%t``), as ``SlurmExecutor.submit_array``
+    writes it for more than one task."""
     from submitit.slurm.slurm import _make_sbatch_string  # submitit imports no torch; ~0.1 s
 
     params = slurm_parameters(cfg, python=python, run_dir=run_dir)
+    if array is not None and array[0] > 1:
+        params.update(array_parameters(*array))
     return str(_make_sbatch_string(command=submitit_command(python, folder), folder=folder, **params))
+
+
+def array_parameters(tasks: int, parallelism: int) -> tp.Dict[str, int]:
+    """submitit's parameters of a job array of ``tasks`` tasks, at most ``parallelism`` running at once: its
+    ``map_count`` (set by ``submit_array`` itself) and ``array_parallelism``."""
+    return {"map_count": tasks, "array_parallelism": max(1, min(parallelism, tasks))}

@@ -206,6 +206,10 @@ def test_wait_for_reason_is_bounded_and_returns_at_once_when_there_is_nothing_to
         fake.queue["8"] = list(states)
         cli.wait_for_reason(fake, "8", sleep=clock.sleep, clock=clock)
         assert clock.sleeps == [] and len(fake.calls) == 1 + (not states)  # + sacct when squeue has no line
+    fake, clock = FakeSlurm(), FakeClock()
+    fake.queue["9"] = ["PENDING:None"] * 100
+    cli.wait_for_reason(fake, "9", sleep=clock.sleep, clock=clock)  # the defaults: a gentle client
+    assert len(fake.calls) <= 4 and min(clock.sleeps) >= 1.0
 
 
 def report(fake, job_id="12"):
