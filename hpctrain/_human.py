@@ -10,14 +10,16 @@ the same everywhere. Anything that is not a finite number (None, NaN, a bool, a 
 * :func:`fmt_num`: SI suffixes, ``digits`` significant: ``5.12k``, ``45.6M``, ``3.2G`` (samples/s, FLOP/s,
   losses).
 * :func:`fmt_bytes`: binary units: ``512 B``, ``137.2 KiB``, ``11.2 GiB``.
+* :func:`fmt_local_time`: a recorded time in local time (``?`` for a damaged one).
 """
 
 from __future__ import annotations
 
 import math
+import time
 import typing as tp
 
-__all__ = ["fmt_duration", "fmt_num", "fmt_bytes", "real"]
+__all__ = ["fmt_duration", "fmt_num", "fmt_bytes", "fmt_local_time", "real"]
 
 _LONGEST_S = 10_000 * 86400.0
 
@@ -79,3 +81,14 @@ def fmt_bytes(value: tp.Any) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def fmt_local_time(t: tp.Any, fmt: str = "%Y-%m-%d %H:%M:%S", unknown: str = "?") -> str:
+    """A recorded Unix time in this machine's local time (``time.strftime`` ``fmt``); ``unknown`` for a value
+    that is not a time (missing, a bool, a string, out of range): a damaged record never stops a screen."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return unknown
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return unknown

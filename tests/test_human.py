@@ -62,3 +62,14 @@ def test_every_screen_formats_through_this_module():
             }:  # fmt: skip
                 own.append(f"{path.name}:{node.name}")
     assert not own, own
+
+
+def test_fmt_local_time_formats_a_time_and_never_fails_on_a_damaged_one():
+    import time
+
+    from hpctrain._human import fmt_local_time
+
+    t = 1_700_000_000.0
+    assert fmt_local_time(t, "%Y-%m-%d %H:%M") == time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    for bad in (None, True, "12", float("inf"), 1e300):
+        assert fmt_local_time(bad) == "?" and fmt_local_time(bad, unknown="") == ""

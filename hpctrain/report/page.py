@@ -19,7 +19,7 @@ import hpctrain
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_attempts import _checkpoints, _timeline
 from hpctrain.report.page_charts import PARTS, _breakdown, _loss, _ranks, _spans, _throughput
-from hpctrain.report.page_html import SECTIONS, _when
+from hpctrain.report.page_html import SECTIONS, _when, page_head
 from hpctrain.report.page_summary import _capacity, _identity, _notes, _summary
 from hpctrain.report.text import esc
 
@@ -95,14 +95,7 @@ def render(data: RunData) -> str:
         _notes(data),
     ]
     return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        # no script, no fetch, no frame: only the inline styles and data: images of this page
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        'img-src data:">'
-        f"<title>hpctrain report: {esc(name, 120)}</title><style>{CSS}</style></head><body>"
-        f"<header><h1>Run report: {esc(name, 120)}</h1>"
+        page_head(f"hpctrain report: {name[:120]}", CSS) + f"<header><h1>Run report: {esc(name, 120)}</h1>"
         f'<div class="sub">{esc(str(data.run_dir), 500)} · generated {esc(_when(data.generated))} ({esc(_tz())}) by '
         f"hpctrain {esc(hpctrain.__version__)} · times are local to the machine that wrote this report</div></header>"
         f"<nav>{nav}</nav><main>{''.join(sections)}</main>"

@@ -7,13 +7,13 @@ headings and keys are escaped here. Each section's ``<section>`` carries its sta
 from __future__ import annotations
 
 import math
-import time
 import typing as tp
 
+from hpctrain._human import fmt_local_time
 from hpctrain.report.svg_elements import COLORS
 from hpctrain.report.text import esc
 
-__all__ = ["SECTIONS"]
+__all__ = ["SECTIONS", "page_head"]
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -30,13 +30,22 @@ SECTIONS = (
 """``(id, heading)`` of every section, in page order (the browser test looks for each id)."""
 
 
+def page_head(title: str, css: str) -> str:
+    """The start of every hpctrain page, up to ``<body>``: its title (escaped here) and inline CSS. The
+    Content-Security-Policy is the pages' one security rule: no script, no fetch, no frame; only the inline
+    styles and ``data:`` images of the page itself (a run directory's text can never load anything)."""
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        'img-src data:">'
+        f"<title>{esc(title, 160)}</title><style>{css}</style></head><body>"
+    )
+
+
 def _when(t: tp.Any, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
-    if not isinstance(t, (int, float)) or isinstance(t, bool):
-        return "?"
-    try:
-        return time.strftime(fmt, time.localtime(t))
-    except (OverflowError, ValueError, OSError):
-        return "?"
+    return fmt_local_time(t, fmt)
 
 
 def _num(v: tp.Any) -> tp.Optional[float]:

@@ -15,6 +15,7 @@ import time
 import typing as tp
 from pathlib import Path
 
+from hpctrain.report.page_html import page_head
 from hpctrain.report.svg_elements import plottable
 from hpctrain.report.text import esc
 
@@ -161,13 +162,7 @@ def render_sweep(
     name = Path(str(table["sweep_dir"])).name
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
     return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        'img-src data:">'
-        f"<title>hpctrain sweep: {esc(name, 120)}</title><style>{CSS}</style></head><body>"
-        f"<header><h1>Sweep report: {esc(name, 120)}</h1>"
+        page_head(f"hpctrain sweep: {name[:120]}", CSS) + f"<header><h1>Sweep report: {esc(name, 120)}</h1>"
         f'<div class="sub">{esc(table["sweep_dir"], 500)} · job array {esc(table.get("array_job_id") or "-")}, '
         f"{len(rows)} task(s), at most {esc(table.get('max_parallel'))} at once · generated {esc(when)} by hpctrain "
         f"{esc(hpctrain.__version__)}</div></header><main>"

@@ -27,7 +27,7 @@ import time
 import typing as tp
 from pathlib import Path
 
-from hpctrain._human import fmt_num
+from hpctrain._human import fmt_local_time, fmt_num
 from hpctrain._slurm import TERMINAL_STATES, JobState, SlurmCommandError, SlurmCommands, SlurmRun
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.registry import Registered, read_runs, registry_path
@@ -375,12 +375,7 @@ def _where(run_dir: str) -> str:
 
 
 def _when(t: tp.Any, fmt: str) -> str:
-    if not isinstance(t, (int, float)) or isinstance(t, bool):
-        return ""
-    try:
-        return time.strftime(fmt, time.localtime(t))
-    except (OverflowError, ValueError, OSError):
-        return "?"
+    return fmt_local_time(t, fmt, unknown="")
 
 
 def _cells(row: tp.Mapping[str, tp.Any], time_fmt: str) -> tp.List[str]:

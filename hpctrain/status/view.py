@@ -13,7 +13,7 @@ import time
 import typing as tp
 
 from hpctrain._files import shorten
-from hpctrain._human import fmt_bytes, fmt_duration, fmt_num
+from hpctrain._human import fmt_bytes, fmt_duration, fmt_local_time, fmt_num
 from hpctrain.ckpt.config import RESTORE_TIERS
 from hpctrain.rundir import attempt_label
 from hpctrain.status.faults import render_faults
@@ -66,12 +66,7 @@ def _ago(t: tp.Any) -> str:
 
 
 def _when(t: tp.Any, fmt: str = "%m-%d %H:%M:%S") -> str:
-    if not isinstance(t, (int, float)) or isinstance(t, bool):
-        return "?"
-    try:
-        return time.strftime(fmt, time.localtime(t))
-    except (OverflowError, ValueError, OSError):
-        return "?"
+    return fmt_local_time(t, fmt)
 
 
 def _clock(times: tp.Iterable[tp.Any]) -> tp.Tuple[str, str]:

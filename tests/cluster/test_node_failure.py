@@ -21,8 +21,8 @@ import pytest
 
 from tests.cluster.nodes import failed_node, rank_host
 from tests.cluster.preempt_entry import write_data
-from tests.cluster.test_preemption import STEPS, _calls, _digest, _exits, _ledger, _restarts, _starts, _wait
-from tests.cluster.test_slurm_ddp import ENV, ROOT, wait_final
+from tests.cluster.test_preemption import STEPS, _calls, _exits, _ledger, _restarts, _starts, _wait
+from tests.cluster.test_slurm_ddp import ENV, ROOT, model_digest, wait_final
 
 pytestmark = [pytest.mark.slurm]
 
@@ -88,7 +88,7 @@ def data(tmp_path_factory):
 def _reference(data: tp.Any) -> tp.Dict[str, str]:
     job, ref = data[2]
     assert wait_final(job, timeout=180) == "COMPLETED"
-    return _digest(ref)
+    return model_digest(ref, STEPS)
 
 
 def test_a_failed_node_is_excluded_and_the_requeued_run_resumes_bit_exact(data):
@@ -114,7 +114,7 @@ def test_a_failed_node_is_excluded_and_the_requeued_run_resumes_bit_exact(data):
     assert second["resumed_from_step"] == ex["committed_step"] == ex["agreed_step"]
     assert second["after"].startswith("node_failure")
     assert _figure(run_dir, "queue", failed_at, 1)["steps_lost"] == 0
-    assert _digest(run_dir) == _reference(data)
+    assert model_digest(run_dir, STEPS) == _reference(data)
 
 
 def test_a_spare_node_replaces_the_failed_one_inside_the_allocation(data):
@@ -139,7 +139,7 @@ def test_a_spare_node_replaces_the_failed_one_inside_the_allocation(data):
     # resumed from the newest commit before the failure: nothing lost beyond it
     assert second["resumed_from_step"] == ex["committed_step"] and ex["committed_step"] >= 20
     _figure(run_dir, "spare", failed_at, 1)
-    assert _digest(run_dir) == _reference(data)
+    assert model_digest(run_dir, STEPS) == _reference(data)
 
 
 def _local_steps(local: Path) -> tp.List[int]:
@@ -184,4 +184,4 @@ def test_a_lost_node_restores_from_the_partner_tier_with_fewer_steps_lost(data):
     )  # fmt: skip
     print(shown.stdout)
     assert f"{second['resumed_from_step']} (partner +{second['local_tier_saved_steps']})" in shown.stdout
-    assert _digest(run_dir) == _reference(data)
+    assert model_digest(run_dir, STEPS) == _reference(data)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.preempt_entry import write_data
-from tests.cluster.test_slurm_ddp import ENV, ROOT, wait_final
+from tests.cluster.test_slurm_ddp import ENV, ROOT, model_digest, wait_final
 
 pytestmark = [pytest.mark.slurm]
 
@@ -92,16 +92,6 @@ def _wait(what: str, cond: tp.Callable[[], tp.Any], timeout: float = 240) -> tp.
 def _rank_pid(run_dir: Path, job_id: str, restart: int, rank: int) -> int:
     path = run_dir / "ranks" / f"{job_id}-r{restart}" / f"rank-{rank}.json"
     return int(_wait(f"{path}", lambda: path.exists() and json.loads(path.read_text()))["pid"])
-
-
-def _digest(run_dir: Path) -> tp.Dict[str, str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "hpctrain", "ckpt", "digest", str(run_dir / "checkpoints"), "--json"],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    got = json.loads(out)
-    assert got["step"] == STEPS
-    return {k: v for k, v in got["digests"].items() if k in ("model", "optimizer")}
 
 
 def _restarts(job_id: str) -> int:
@@ -207,7 +197,7 @@ def test_preemption_by_high_and_a_signal_to_one_rank_resume_bit_exact(jobs):
     assert wait_final(job, timeout=300) == "COMPLETED"
     assert wait_final(tjob, timeout=300) == "COMPLETED", (tdir / f"batch-{tjob}.out").read_text()
     assert wait_final(high, timeout=60) == "COMPLETED"
-    ref = _digest(jobs["ref"][1])
+    ref = model_digest(jobs["ref"][1], STEPS)
     for jid, d in ((job, run_dir), (tjob, tdir)):
         exits = _exits(d)
         assert [e["cause"] for e in exits][-1] == "finished"
@@ -219,7 +209,7 @@ def test_preemption_by_high_and_a_signal_to_one_rank_resume_bit_exact(jobs):
         assert all(s["after"].startswith("preemption") for s in starts[1:])
         assert _restarts(jid) == len(stops)
         assert _check_samples(d, 4) == len(stops) + 1
-        assert _digest(d) == ref  # bit-identical to the uninterrupted run
+        assert model_digest(d, STEPS) == ref  # bit-identical to the uninterrupted run
         _figures(d, jid)
     assert len(_exits(run_dir)) == 3  # preempted by high, stopped by the one-rank signal, finished
     one_rank = _exits(run_dir)[1]
@@ -240,7 +230,7 @@ def test_time_limit_warns_saves_requeues_and_finishes_bit_exact(jobs):
     assert stops and all(e["cause"] == "time_limit" and e["requeued"] and e["signal"] == signal.SIGUSR2 for e in stops)
     assert all(e["agreed_step"] == e["committed_step"] for e in stops)
     assert _check_samples(run_dir, 4) == len(stops) + 1
-    assert _digest(run_dir) == _digest(jobs["ref"][1])
+    assert model_digest(run_dir, STEPS) == model_digest(jobs["ref"][1], STEPS)
     _figures(run_dir, job)
 
 

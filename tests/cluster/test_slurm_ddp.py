@@ -30,6 +30,18 @@ def submit(args, timeout=240):
     )
 
 
+def model_digest(run_dir: Path, steps: int) -> dict:
+    """``ckpt digest``'s model and optimizer digests of the run's newest commit, which must be at ``steps``:
+    the one comparison of "finished bit-exactly like the uninterrupted run" every cluster test makes."""
+    out = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "ckpt", "digest", str(run_dir / "checkpoints"), "--json"],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    got = json.loads(out)
+    assert got["step"] == steps, got
+    return {k: v for k, v in got["digests"].items() if k in ("model", "optimizer")}
+
+
 def sacct_state(job_id: str) -> str:
     lines = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.preempt_entry import write_data
-from tests.cluster.test_slurm_ddp import ENV, ROOT, wait_final
+from tests.cluster.test_slurm_ddp import ENV, ROOT, model_digest, wait_final
 
 pytestmark = [pytest.mark.slurm]
 
@@ -49,16 +49,6 @@ def _ledger(run_dir: Path) -> tp.List[tp.Dict[str, tp.Any]]:
 def _calls(run_dir: Path, restart: int) -> int:
     path = run_dir / "samples" / f"r{restart}-rank0.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _digest(run_dir: Path) -> tp.Dict[str, str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "hpctrain", "ckpt", "digest", str(run_dir / "checkpoints"), "--json"],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    got = json.loads(out)
-    assert got["step"] == STEPS
-    return {k: v for k, v in got["digests"].items() if k in ("model", "optimizer")}
 
 
 def _runs(array_id: str) -> tp.Dict[str, tp.List[tp.Tuple[float, float, str]]]:
@@ -156,7 +146,7 @@ def test_sweep_as_job_array_one_task_preempted_requeued_alone_bit_exact(tmp_path
             assert starts[1]["resumed_from_step"] == stop["committed_step"] and starts[1]["restart_count"] == 1
         else:
             assert [len(starts), [e["cause"] for e in exits]] == [1, ["finished"]], (t["name"], exits)
-    assert _digest(vdir) == _digest(ref_dir)  # bit-identical to the same task run uninterrupted
+    assert model_digest(vdir, STEPS) == model_digest(ref_dir, STEPS)  # bit-identical to the same task run uninterrupted
 
     # never more than 2 tasks at once: Slurm's own record of every run, and what squeue said while it ran
     runs = _runs(array_id)
