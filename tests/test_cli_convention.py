@@ -39,6 +39,7 @@ DIFFERENT_MEANING: tp.Dict[str, tp.Tuple[tp.Tuple[str, ...], str]] = {
     "--gpus-per-node": (("capacity",), "capacity: ranks per node of the prediction; submit: the job's GPUs"),
     "--entry": (("capacity",), "capacity: the entry to calibrate; submit: the entry to run"),
     "--dry-run": (("ckpt gc",), "ckpt gc: what would be deleted; submit: the sbatch script"),
+    "--sweep": (("runs",), "runs: the SWEEP_DIR a sweep made (a row per task); submit: the plan FILE to submit"),
     "--tolerance": (("reproduce compare",), "reproduce compare: overrides the tolerance reproduce run recorded"),
 }
 STEP_COMMANDS = ("approve", "bundle create", "ckpt digest")

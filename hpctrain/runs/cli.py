@@ -1,4 +1,4 @@
-"""``python -m hpctrain runs [SWEEP_DIR] [--state S] [--name GLOB] [--since AGE] [--json]``: the user's runs, one table.
+"""``python -m hpctrain runs [--sweep SWEEP_DIR] [--state S] [--name GLOB] [--since AGE] [--json]``: the user's runs, one table.
 
 The listing is :func:`hpctrain.runs.listing.list_runs` (a library); this module is its command line
 (``hpctrain._cli``'s convention: one error line, exit 2 for bad input, ``--json`` one object with
@@ -27,7 +27,7 @@ def build_parser() -> tp.Any:
         "last loss, last checkpoint, when it started, how its last attempt ended, its run directory.\n"
         "The scheduler is asked once for all runs (one squeue, at most one sacct); without accounting\n"
         "the states of ended jobs come from their run directories. A run directory moved or deleted\n"
-        "since shows as MISSING. Given SWEEP_DIR: one row per task of that sweep instead (its\n"
+        "since shows as MISSING. --sweep SWEEP_DIR: one row per task of that sweep instead (its\n"
         "parameters, state, step, final losses, the best task). See docs/runs.md, docs/sweeps.md.",
     )
     parser.add_argument(
@@ -42,7 +42,10 @@ def build_parser() -> tp.Any:
         "--since", metavar="AGE", help="only runs submitted since: 90s, 30m, 12h, 2d, 1w ago, or a date YYYY-MM-DD"
     )
     parser.add_argument(
-        "sweep_dir", nargs="?", metavar="SWEEP_DIR", help="a sweep's directory (submit --sweep's --run-dir): its tasks"
+        "--sweep",
+        dest="sweep_dir",
+        metavar="SWEEP_DIR",
+        help="one row per task of this sweep (submit --sweep's --run-dir)",
     )
     add_json_flag(parser)
     return parser
@@ -65,11 +68,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None) ->
 
 
 def _sweep(args: tp.Any, *, slurm: tp.Any) -> int:
-    """``runs SWEEP_DIR``: :func:`hpctrain.sweep.table.sweep_table` (one squeue call for every task)."""
+    """``runs --sweep SWEEP_DIR``: :func:`hpctrain.sweep.table.sweep_table` (one squeue call for every task)."""
     from hpctrain.sweep import table
 
     if args.state or args.name or args.since:
-        raise UsageError("SWEEP_DIR lists one sweep's tasks; --state, --name and --since filter the list of runs")
+        raise UsageError("--sweep lists one sweep's tasks; --state, --name and --since filter the list of runs")
     rows = table.sweep_table(args.sweep_dir, slurm=slurm)
     if args.json:
         print_json(rows, schema=table.SCHEMA)

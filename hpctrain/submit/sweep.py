@@ -96,7 +96,9 @@ def submit_sweep_cli(
     as_json = bool(getattr(ns, "json", False))
     dry_run = bool(getattr(ns, "dry_run", False))
     if getattr(ns, "follow", False):
-        raise UsageError("--follow follows one job; a sweep is many: see them with python -m hpctrain runs SWEEP_DIR")
+        raise UsageError(
+            "--follow follows one job; a sweep is many: see them with python -m hpctrain runs --sweep SWEEP_DIR"
+        )
     if cfg.spare_nodes:
         raise UsageError("--spare-nodes is not supported with --sweep (the in-job restart loop runs one run per job)")
     if cluster != "slurm" and not dry_run:
@@ -210,6 +212,6 @@ def _submit(
     console.print(f"  sweep dir : {escape(str(sweep_dir))}  (plan: sweep.json; a run directory per task)")
     for line in task_table_lines(plan.tasks, ids):
         console.print(f"    {escape(line)}")
-    console.print(f"  table     : python -m hpctrain runs {escape(str(sweep_dir))}")
+    console.print(f"  table     : python -m hpctrain runs --sweep {escape(str(sweep_dir))}")
     console.print(f"  cancel    : scancel {array_id}   (one task: scancel {array_id}_<task>)")
     return 0

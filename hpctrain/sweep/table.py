@@ -1,4 +1,4 @@
-"""``python -m hpctrain runs SWEEP_DIR``: one row per task of a sweep (parameters, state, step, final losses,
+"""``python -m hpctrain runs --sweep SWEEP_DIR``: one row per task of a sweep (parameters, state, step, final losses,
 the best marked), from the sweep's ``sweep.json`` and each task's own run directory; ``--json``: the same rows.
 
 The Slurm state of every task comes from ONE ``squeue`` call for all of them
@@ -20,7 +20,7 @@ __all__ = ["sweep_table", "task_row", "task_curves", "render", "SCHEMA"]
 
 METRICS_TAIL = 4 << 20  # bytes of each task's metrics.jsonl read (its last intervals and evaluations)
 SCHEMA = "hpctrain.runs.sweep/1"
-"""The shape of ``runs SWEEP_DIR --json``: the sweep (dir, array job id, parallelism) and its ``tasks`` rows."""
+"""The shape of ``runs --sweep SWEEP_DIR --json``: the sweep (dir, array job id, parallelism) and its ``tasks`` rows."""
 
 # how the newest attempt ended (its exit record's cause) -> the task's state once squeue no longer lists it
 _ENDED = {
@@ -128,7 +128,7 @@ def sweep_table(sweep_dir: tp.Union[str, Path], *, slurm: tp.Any = None) -> tp.D
 
     root = Path(sweep_dir).expanduser()
     if not root.is_dir():
-        raise UsageError(f"SWEEP_DIR {sweep_dir}: not a directory; name the --run-dir given to submit --sweep")
+        raise UsageError(f"--sweep {sweep_dir}: not a directory; name the --run-dir given to submit --sweep")
     plan = read_plan(root)
     tasks = [t for t in plan["tasks"] if isinstance(t, dict)]
     ids = [str(t["job_id"]) for t in tasks if t.get("job_id")]

@@ -1,6 +1,6 @@
 """A sweep as one job array on the real dev cluster: 2 learning rates x 3 seeds, at most 2 tasks at once, one task
 preempted for real by a ``high`` job -> only that task requeued, resumed bit-exactly (its final checkpoint digest
-equals the same task run uninterrupted as a plain submit), and ``runs SWEEP_DIR`` lists all 6 with their losses.
+equals the same task run uninterrupted as a plain submit), and ``runs --sweep SWEEP_DIR`` lists all 6 with their losses.
 
 Every task takes a whole node (``--cpus-per-task 4``, the dev nodes' CPUs) of the preemptible half, so the
 ``high`` job that needs one node preempts exactly one task; the reference run goes to the steady half meanwhile.
@@ -155,9 +155,9 @@ def test_sweep_as_job_array_one_task_preempted_requeued_alone_bit_exact(tmp_path
     assert _most_at_once(runs) <= 2, runs
     assert max(running_seen) <= 2, running_seen
 
-    # runs SWEEP_DIR: all 6, their final losses, the victim's 2 attempts
+    # runs --sweep: all 6, their final losses, the victim's 2 attempts
     out = subprocess.run(
-        [sys.executable, "-m", "hpctrain", "runs", str(sweep_dir), "--json"],
+        [sys.executable, "-m", "hpctrain", "runs", "--sweep", str(sweep_dir), "--json"],
         cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     table = json.loads(out)

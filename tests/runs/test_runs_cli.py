@@ -206,9 +206,9 @@ def test_filters(capsys, twenty):
         (["--state", "sleeping"], "invalid choice"),
         (["--since", "yesterday"], "--since 'yesterday'"),
         (["--since", "2x"], "give an age"),
-        (["extra"], "SWEEP_DIR extra: not a directory"),
-        (["a", "b"], "unrecognized arguments"),
-        (["a", "--state", "running"], "SWEEP_DIR lists one sweep's tasks"),
+        (["extra"], "unrecognized arguments"),
+        (["--sweep", "nowhere"], "--sweep nowhere: not a directory"),
+        (["--sweep", "a", "--state", "running"], "--sweep lists one sweep's tasks"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, twenty, args, words):

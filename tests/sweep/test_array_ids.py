@@ -71,10 +71,10 @@ def test_sweep_table_one_squeue_call_states_losses_best(tmp_path, capsys):
     assert [r["attempts"] for r in rows] == [1, 2, 0, 0] and rows[1]["requeues"] == 1
     assert (rows[0]["step"], rows[0]["total_steps"], rows[0]["train_loss"], rows[0]["eval_loss"]) == (20, 20, 0.5, 0.7)
     assert got["best_by"] == "eval_loss" and got["best"] == 1 and [r["best"] for r in rows] == [0, 1, 0, 0]
-    assert runs_cli.main([str(tmp_path)], slurm=FakeSlurm()) == 0
+    assert runs_cli.main(["--sweep", str(tmp_path)], slurm=FakeSlurm()) == 0
     text = capsys.readouterr().out
     assert "* best" in text and "0.6" in text and "--s" in text
-    assert runs_cli.main([str(tmp_path), "--json"], slurm=FakeSlurm()) == 0
+    assert runs_cli.main(["--sweep", str(tmp_path), "--json"], slurm=FakeSlurm()) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["schema"] == table.SCHEMA and obj["task_count"] == 4
 
