@@ -24,20 +24,16 @@ from hpctrain.approvals import (
     entry_hash,
     verify_chain,
 )
-from hpctrain.ckpt._format import MANIFEST, shard_name, step_name
+from hpctrain.ckpt import manifest_sha256
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir
+from tests.ckpt.fixtures import commit, step_dir
 
 
 def _commit(ckpt_dir: Path, step: int, world: int = 1) -> Path:
     """A committed checkpoint as far as approve can tell: a valid commit manifest."""
-    d = ckpt_dir / step_name(step)
-    d.mkdir(parents=True)
-    shards = [{"file": shard_name(r, world), "bytes": 0, "crc32": 0} for r in range(world)]
-    manifest = {"format": "hpctrain-ckpt", "format_version": 1, "step": step, "world_size": world, "shards": shards}
-    (d / MANIFEST).write_text(json.dumps({**manifest, "time": 1.0}))
-    return d
+    return commit(ckpt_dir, step, world)
 
 
 @pytest.fixture
@@ -68,10 +64,7 @@ def test_entries_chain_and_name_the_checkpoint_and_the_run_identity(run):
     first = approve(run, decision="approved", by="Grace", reason="eval loss 0.41, below the bar")
     assert first["seq"] == 1 and first["prev"] == GENESIS and first["step"] == 30  # default: the newest
     assert first["entry_hash"] == entry_hash(first)
-    manifest = (run.checkpoints / step_name(30) / MANIFEST).read_bytes()
-    import hashlib
-
-    assert first["checkpoint"]["manifest_sha256"] == hashlib.sha256(manifest).hexdigest()
+    assert first["checkpoint"]["manifest_sha256"] == manifest_sha256(step_dir(run.checkpoints, 30))
     assert first["run_identity"] is None  # no identity record yet
     second = approve(run, decision="rejected", by="Alan", reason="superseded", step=10)
     assert second["seq"] == 2 and second["prev"] == first["entry_hash"] and second["step"] == 10

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.ckpt._format import MANIFEST, shard_name, step_name
 from hpctrain.errors import UsageError
 from hpctrain.ledger import Ledger
 from hpctrain.run import (
@@ -32,17 +31,14 @@ from hpctrain.run import (
     run_self,
 )
 from hpctrain.rundir import RunDir
+from tests.ckpt.fixtures import commit as commit_manifest
+from tests.ckpt.fixtures import step_dir
 
 MINE, THEIRS = "a" * 64, "b" * 64
 
 
 def commit(ckpt_dir: Path, step: int, identity: str = MINE, job: str = "") -> Path:
-    d = ckpt_dir / step_name(step)
-    d.mkdir(parents=True)
-    shards = [{"file": shard_name(0, 1), "bytes": 0, "crc32": 0}]
-    manifest = {"format": "hpctrain-ckpt", "format_version": 1, "step": step, "world_size": 1, "shards": shards}
-    (d / MANIFEST).write_text(json.dumps({**manifest, "time": 1.0, "identity": identity, "run_id": job}))
-    return d
+    return commit_manifest(ckpt_dir, step, identity=identity, run_id=job)
 
 
 def make_run(
@@ -75,9 +71,9 @@ def moved(tmp_path: Path, other_at_old_path: bool = True) -> tp.Tuple[RunDir, Pa
 def test_a_moved_run_takes_its_own_checkpoints_not_the_run_now_at_its_old_path(tmp_path):
     run, old = moved(tmp_path)
     chosen = choose_checkpoint(run)
-    assert chosen.path == run.checkpoints / step_name(10) and chosen.how == "run directory" and chosen.checked
+    assert chosen.path == step_dir(run.checkpoints, 10) and chosen.how == "run directory" and chosen.checked
     assert chosen.identity == MINE
-    assert any(f"{old / step_name(30)} belongs to run {THEIRS[:12]}" in n for n in chosen.notes), chosen.notes
+    assert any(f"{step_dir(old, 30)} belongs to run {THEIRS[:12]}" in n for n in chosen.notes), chosen.notes
 
 
 def test_a_moved_run_with_nothing_at_its_old_path_is_still_found(tmp_path):
@@ -93,14 +89,14 @@ def test_another_run_s_checkpoint_is_refused_in_one_line_naming_both(tmp_path):
         choose_checkpoint(run)
     msg = str(err.value)
     assert msg == (
-        f"checkpoint {old / step_name(30)} belongs to run {THEIRS[:12]} (this run is {MINE[:12]}); "
+        f"checkpoint {step_dir(old, 30)} belongs to run {THEIRS[:12]} (this run is {MINE[:12]}); "
         "pass --checkpoint-dir DIR to name this run's checkpoints"
     )
     # --checkpoint-dir: the moved checkpoints are taken, another run's are refused the same way
     elsewhere = tmp_path / "elsewhere"
     commit(elsewhere, 20)
     chosen = choose_checkpoint(run, checkpoint_dir=elsewhere)
-    assert chosen.path == elsewhere / step_name(20) and chosen.how == "--checkpoint-dir"
+    assert chosen.path == step_dir(elsewhere, 20) and chosen.how == "--checkpoint-dir"
     with pytest.raises(UsageError, match=f"belongs to run {THEIRS[:12]}"):
         choose_checkpoint(run, checkpoint_dir=old)
     with pytest.raises(UsageError, match=r"^--checkpoint-dir .*nope is not a directory$"):
@@ -150,7 +146,7 @@ def test_a_checkpoint_directory_proven_to_be_the_run_s_is_preferred_to_one_that_
     run, old = moved(tmp_path)
     shutil.rmtree(old)
     commit(old, 40, identity="")  # at the old path: a checkpoint without identity (cannot be told)
-    assert choose_checkpoint(run).path == run.checkpoints / step_name(10)
+    assert choose_checkpoint(run).path == step_dir(run.checkpoints, 10)
 
 
 def test_ownership_rule():
