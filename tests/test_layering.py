@@ -32,7 +32,7 @@ LAYERS: tp.List[tp.Tuple[str, str]] = [
         "_validate _cli _entry _output reliability",
         "config validation, the CLI convention, the entry; reliability formulas",
     ),
-    ("_slurm _lustre _cuda", "the seams to Slurm, Lustre and CUDA"),
+    ("_slurm _lustre _cuda _container", "the seams to Slurm, Lustre, CUDA and container runtimes"),
     ("testing", "the fakes of those seams, shipped with the library"),
     ("rundir", "every path of a run directory"),
     ("registry", "the per-user run registry (one line per submitted run)"),

@@ -490,13 +490,20 @@ def require_clean(code: tp.Mapping[str, tp.Any]) -> None:
 
 
 def capture_submit(
-    cfg: tp.Any, argv: tp.Sequence[str], run_dir: tp.Union[str, Path], *, git: tp.Optional[Git] = None
+    cfg: tp.Any,
+    argv: tp.Sequence[str],
+    run_dir: tp.Union[str, Path],
+    *,
+    git: tp.Optional[Git] = None,
+    container: tp.Optional[tp.Mapping[str, tp.Any]] = None,
 ) -> tp.Dict[str, tp.Any]:
     """Capture the submit-time manifest (login node, no torch) and write it, with the code snapshot, unless
     the run directory holds them already (``--resume`` keeps the first; the result then says how this capture
     differs from it under ``differs_from_first``). Returns the manifest (``written``: whether it was written).
 
-    ``cfg.require_clean``: a dirty repository is a UsageError before anything is written."""
+    ``cfg.require_clean``: a dirty repository is a UsageError before anything is written. ``container``: the
+    image the tasks run in (:func:`hpctrain._container.image_record`: image, digest, runtime and version, mounts).
+    """
     started = time.perf_counter()
     git = git or Git()
     paths = RunDir(run_dir)
@@ -517,6 +524,8 @@ def capture_submit(
             getattr(cfg, "owner", None), getattr(cfg, "team", None), getattr(cfg, "notes", None)
         ),
     }
+    if container is not None:
+        manifest["container"] = dict(container)
     runtime_s = time.perf_counter() - started - code_s
     first = read_json(paths.identity_submit, []) if paths.identity_submit.exists() else None
     written = first is None and not paths.identity_submit.exists()

@@ -105,6 +105,13 @@ class Runner:
         # First, before the slow imports and the rendezvous: a signal during start-up is recorded, not lost
         # or fatal, and submitit's own handlers (USR2 -> requeue by rank 0 alone) are replaced on every task.
         signals = StopSignals().install()
+        # Inside a container without the Slurm client: every Slurm command hpctrain runs from here on (requeue,
+        # exclusion, attribution, time left) is answered outside by the batch script's relay (hpctrain._container).
+        from hpctrain._container import probe_node
+
+        probe = probe_node()
+        if probe is not None:
+            print(probe, file=sys.stderr, flush=True)
         # Before torch loads (c10 reads it once): c10d warns about every peer whose reverse DNS fails
         # (common on clusters, and in the dev cluster's namespaces). The one place hpctrain sets it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

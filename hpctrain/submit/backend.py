@@ -26,7 +26,7 @@ from hpctrain.launch.runner import Runner
 from hpctrain.launch.settings import RunnerSettings
 from hpctrain.rundir import RunDir
 from hpctrain.submit.config import SubmitConfig
-from hpctrain.submit.sbatch import slurm_parameters
+from hpctrain.submit.sbatch import slurm_parameters, task_python
 
 __all__ = [
     "Submission",
@@ -145,7 +145,7 @@ def _capture_identity(cfg: SubmitConfig, run_dir: Path, argv: tp.Sequence[str]) 
 
     started = time.perf_counter()
     try:
-        manifest = capture_submit(cfg, argv, run_dir)
+        manifest = capture_submit(cfg, argv, run_dir, container=_container_record(cfg, run_dir))
     except UsageError:
         raise
     except Exception as exc:
@@ -158,6 +158,16 @@ def _capture_identity(cfg: SubmitConfig, run_dir: Path, argv: tp.Sequence[str]) 
         "differs_from_first": manifest.get("differs_from_first"),
         "capture_s": round(time.perf_counter() - started, 4),
     }
+
+
+def _container_record(cfg: SubmitConfig, run_dir: Path) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The identity's ``container``: the image and its digest, the runtime and its version, the mounts."""
+    if not cfg.container:
+        return None
+    from hpctrain._container import image_record
+    from hpctrain.submit.sbatch import container_mounts
+
+    return image_record(cfg.container_runtime, cfg.container, container_mounts(cfg, run_dir))
 
 
 def _recorded_argv(argv: tp.Sequence[str]) -> tp.List[str]:
@@ -203,7 +213,11 @@ def _executor(cfg: SubmitConfig, folder: Path, *, cluster: str, run_dir: Path) -
         # The Runner replaces submitit's signal handlers and requeues by itself (hpctrain.launch.ending);
         # submitit's timeout counter is never used, the bound is cfg.max_requeues against SLURM_RESTART_COUNT.
         executor: tp.Any = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
-        executor.update_parameters(**slurm_parameters(cfg, python=executor.python, run_dir=run_dir))
+        host_python = executor.python  # the batch script's (outside any container): spares loop, Slurm relay
+        executor.update_parameters(**slurm_parameters(cfg, python=host_python, run_dir=run_dir))
+        if cfg.container:
+            # submitit joins `python` into each task's command unquoted: the runtime's command goes in front
+            executor.python = task_python(cfg, sys.executable, run_dir=run_dir)
     else:
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.max_requeues)
         # One node, the same number of processes as the Slurm job would start.

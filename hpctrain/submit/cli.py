@@ -109,6 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
         "of requeueing, up to K times (default 0; docs/preemption.md)",
     )
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
+    c = p.add_argument_group("container (docs/submit.md, Containers)")
+    c.add_argument(
+        "--container",
+        metavar="IMAGE",
+        help="run every task inside IMAGE (.sif file, pyxis squashfs/reference, podman image); Slurm commands stay "
+        "outside it",
+    )
+    c.add_argument(
+        "--container-runtime", choices=("apptainer", "pyxis", "podman"), help="how to run IMAGE (default apptainer)"
+    )
+    c.add_argument(
+        "--container-mounts",
+        metavar="SRC:DST[,...]",
+        help="more bind mounts (data, an outside checkpoint directory); the run directory and this directory are "
+        "mounted at their own paths always",
+    )
     s.add_argument(
         "--dist-timeout",
         type=_integer,
@@ -224,6 +240,24 @@ def _submitted_config(run_dir: Path) -> tp.Dict[str, tp.Any]:
     return kwargs
 
 
+def _check_container(cfg: SubmitConfig, run_dir: Path, cluster: str, *, dry_run: bool) -> None:
+    """What the login node can check of a container job, before anything is written (one UsageError line each)."""
+    from hpctrain._container import check_image, check_mounts, check_runtime, parse_mounts
+
+    assert cfg.container is not None
+    if cluster == "local":
+        raise UsageError("--container runs Slurm tasks in an image; --cluster local runs here, outside one: drop one")
+    check_mounts(parse_mounts(cfg.container_mounts), run_dir)
+    try:
+        check_image(cfg.container_runtime, cfg.container)
+        check_runtime(cfg.container_runtime)
+    except UsageError as exc:
+        if not dry_run:
+            raise
+        # --dry-run shows the script for a runtime this machine lacks (writing it for another cluster)
+        print(f"hpctrain submit: note: {exc} (a real submission stops here)", file=sys.stderr)
+
+
 def _resolve_cluster(cfg: SubmitConfig) -> str:
     from hpctrain._slurm import SlurmCommands
 
@@ -278,6 +312,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
         if cfg.spare_nodes:
             print("hpctrain submit: note: --spare-nodes applies to Slurm jobs; a local run has none", file=sys.stderr)
     run_dir = _run_dir(cfg)
+    if cfg.container:
+        _check_container(cfg, run_dir, cluster, dry_run=bool(getattr(ns, "dry_run", False)))
     as_json = bool(getattr(ns, "json", False))
     if getattr(ns, "sweep_plan", None) is not None:
         from hpctrain.submit.sweep import submit_sweep_cli

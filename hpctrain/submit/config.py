@@ -141,6 +141,19 @@ class SubmitConfig:
     """A directory the Runner puts first on ``sys.path`` on every task before it imports the entry, so that the
     entry runs from that tree ahead of anything installed (``[job] code_path``; ``python -m hpctrain reproduce``
     sets it to the code it rebuilt from a bundle's snapshot)."""
+    container: tp.Optional[str] = None
+    """Run every task inside this image (``--container``): an Apptainer ``.sif`` file, a pyxis squashfs file or
+    registry reference (``nvcr.io#nvidia/pytorch:24.01-py3``), a podman image name or ``oci-archive:/path``. The
+    batch script and Slurm commands stay outside it (docs/submit.md, "Containers")."""
+    container_runtime: str = "apptainer"
+    """``apptainer``, ``pyxis`` (``srun --container-image``) or ``podman`` (``--container-runtime``)."""
+    container_mounts: tp.Optional[tp.List[str]] = None
+    """More bind mounts, ``SRC:DST`` (or ``SRC``: the same path) each (``--container-mounts SRC:DST,...``; a TOML
+    list or comma-separated string): data paths, a checkpoint directory outside the run directory. The run
+    directory and the submitting directory (the entry's code) are mounted at their own paths always."""
+    container_python: tp.Optional[str] = None
+    """The interpreter inside the image that runs each task (``[job] container_python``, e.g. ``python3`` in an NGC
+    image with hpctrain installed); default: the submitting interpreter's path (an image holding the same venv)."""
 
     def __post_init__(self) -> None:
         for name in ("time", "mem"):  # `time = 30` in TOML means 30 minutes, as in Slurm
@@ -210,10 +223,39 @@ class SubmitConfig:
                 "no other control characters)"
             )
         check_bool(self, "require_clean", self.require_clean)
+        self._check_container()
         if self.secret_patterns is not None:
             from hpctrain.identity.redact import check_secret_patterns
 
             object.__setattr__(self, "secret_patterns", list(check_secret_patterns(self.secret_patterns)))
+
+    def _check_container(self) -> None:
+        """Syntax only; whether the image, the runtime and the mounts' sources exist is checked by the submit
+        command on the login node (:func:`hpctrain._container.check_image` and friends)."""
+        from hpctrain._container import RUNTIMES, parse_mounts
+
+        check_str(self, "container", self.container, none_ok=True)
+        check_choice(self, "container_runtime", self.container_runtime, RUNTIMES)
+        check_str(self, "container_python", self.container_python, none_ok=True)
+        mounts = self.container_mounts
+        if isinstance(mounts, str):
+            mounts = [mounts]
+        if mounts is not None and not _is_str_list(mounts):
+            raise UsageError("--container-mounts must be SRC:DST[,SRC:DST...] (a list of strings in TOML)")
+        if mounts is not None:
+            object.__setattr__(self, "container_mounts", [m.spec for m in parse_mounts(",".join(mounts))])
+        if self.container is None:
+            if self.container_mounts or self.container_python is not None:
+                raise UsageError(
+                    "--container-mounts and [job] container_python apply to a container: add --container IMAGE"
+                )
+            return
+        if not self.container.strip() or _CONTROL.search(self.container) or "%" in self.container:
+            raise UsageError(f"--container {shorten(repr(self.container))} must name an image on one line, without '%'")
+        if self.container_python is not None and (
+            not self.container_python.strip() or _CONTROL.search(self.container_python)
+        ):
+            raise UsageError(f"[job] container_python {shorten(repr(self.container_python))} must be one line")
 
     # Derived values -----------------------------------------------------------------------------
     @property

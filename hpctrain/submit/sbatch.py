@@ -9,13 +9,21 @@ executor writes for them (submitit's own ``_make_sbatch_string``, the same call 
 
 from __future__ import annotations
 
+import os
 import shlex
 import typing as tp
 from pathlib import Path
 
 from hpctrain.submit.config import SubmitConfig
 
-__all__ = ["slurm_parameters", "render_sbatch", "submitit_command", "array_parameters"]
+__all__ = [
+    "slurm_parameters",
+    "render_sbatch",
+    "submitit_command",
+    "array_parameters",
+    "container_mounts",
+    "task_python",
+]
 
 WCKEY = "hpctrain"
 
@@ -62,12 +70,49 @@ def slurm_parameters(
             f"# {cfg.spare_nodes} spare node(s): the srun below runs through hpctrain's in-job restart loop",
             f'srun() {{ {" ".join(loop)} -- srun "$@"; }}',
         ]
+    if cfg.container:
+        if run_dir is None:
+            raise ValueError("slurm_parameters: a container job needs run_dir")
+        from hpctrain._container import relay_setup, task_wrapper
+
+        srun_args, _ = task_wrapper(
+            cfg.container_runtime, cfg.container, container_mounts(cfg, run_dir), gpus=bool(cfg.gpus_per_node),
+            workdir=os.getcwd(),
+        )  # fmt: skip
+        if srun_args:
+            params["srun_args"] = srun_args
+        params["setup"] = relay_setup(python, run_dir) + params.get("setup", [])
     return params
 
 
+def container_mounts(cfg: SubmitConfig, run_dir: tp.Union[str, Path], cwd: tp.Optional[str] = None) -> tp.List[tp.Any]:
+    """The container job's mounts: the run directory (its checkpoints, ledger, logs), the submitting directory (the
+    entry's code, imported from there as outside), ``[job] code_path``, then ``--container-mounts``."""
+    from hpctrain._container import job_mounts, parse_mounts
+
+    same = [str(run_dir), cwd or os.getcwd()] + ([cfg.code_path] if cfg.code_path else [])
+    return job_mounts(parse_mounts(cfg.container_mounts), same_path=same)
+
+
+def task_python(cfg: SubmitConfig, python: str, *, run_dir: tp.Union[str, Path, None] = None) -> str:
+    """What each task's command line starts with: the interpreter, shell-quoted; in a container job, behind the
+    runtime's command (apptainer exec / podman run ... IMAGE) and run from inside the image."""
+    if not cfg.container:
+        return shlex.quote(python)
+    from hpctrain._container import task_wrapper
+
+    assert run_dir is not None, "a container job needs run_dir"
+    _, prefix = task_wrapper(
+        cfg.container_runtime, cfg.container, container_mounts(cfg, run_dir), gpus=bool(cfg.gpus_per_node),
+        workdir=os.getcwd(), as_root=os.geteuid() == 0,
+    )  # fmt: skip
+    return " ".join([*map(shlex.quote, prefix), shlex.quote(cfg.container_python or python)])
+
+
 def submitit_command(python: str, folder: tp.Union[str, Path]) -> str:
-    """The command line submitit runs on every task (``SlurmExecutor._submitit_command_str``)."""
-    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    """The command line submitit runs on every task (``SlurmExecutor._submitit_command_str``); ``python`` as given
+    (:func:`task_python` quotes it, and wraps it in a container job)."""
+    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
 def render_sbatch(
@@ -87,7 +132,8 @@ def render_sbatch(
     params = slurm_parameters(cfg, python=python, run_dir=run_dir)
     if array is not None and array[0] > 1:
         params.update(array_parameters(*array))
-    return str(_make_sbatch_string(command=submitit_command(python, folder), folder=folder, **params))
+    command = submitit_command(task_python(cfg, python, run_dir=run_dir), folder)
+    return str(_make_sbatch_string(command=command, folder=folder, **params))
 
 
 def array_parameters(tasks: int, parallelism: int) -> tp.Dict[str, int]:
