@@ -1,7 +1,7 @@
 """``python -m hpctrain cancel RUN_DIR [--save [--timeout S]] [--json]``: end a run's job for good (stdlib only).
 
 1. The request: ``RUN_DIR/cancel-request.json`` (job id, user, host, time, ``save``;
-   :func:`hpctrain.launch.ending.cancel_request_path`) and a ledger ``cancel`` record with the same fields, both
+   :attr:`hpctrain.rundir.RunDir.cancel_request`) and a ledger ``cancel`` record with the same fields, both
    written **before** Slurm is asked, so that the deciding rank finds them whatever signal reaches the tasks.
 2. Plain: ``scancel JOB`` (SIGTERM to every task: they stop at an agreed step and save what they can before
    ``KillWait``). ``--save``: ``scancel --signal=USR2 JOB``, the same signal as a time-limit warning or a
@@ -19,8 +19,6 @@ is still RUNNING, which is exactly what a preemption with the user signal looks 
 
 from __future__ import annotations
 
-import getpass
-import os
 import socket
 import sys
 import time
@@ -29,6 +27,7 @@ from pathlib import Path
 
 from hpctrain import _cli
 from hpctrain._atomic import atomic_write_json
+from hpctrain._procs import user_name
 from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["build_parser", "main", "cancel_run"]
@@ -58,13 +57,6 @@ def build_parser() -> _cli.ArgumentParser:
     return p
 
 
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry (containers): the uid
-        return str(os.getuid())
-
-
 def _exit_of(run_dir: Path, job_id: str, after: float) -> tp.Optional[tp.Dict[str, tp.Any]]:
     from hpctrain.ledger import Ledger
 
@@ -86,7 +78,6 @@ def cancel_run(
 ) -> tp.Dict[str, tp.Any]:
     """Cancel the run's job (module docstring); what was done, for ``--json``. A job no longer in the queue is an
     :class:`HpctrainError` (exit 1)."""
-    from hpctrain.launch.ending import cancel_request_path
     from hpctrain.ledger import Ledger
     from hpctrain.rundir import RunDir, read_json
 
@@ -107,8 +98,8 @@ def cancel_run(
     if state.source != "squeue":
         raise HpctrainError(f"job {job_id} has already ended ({state.state}): nothing to cancel")
     now = time.time()
-    request = {"job_id": job_id, "user": _user(), "host": socket.gethostname(), "time": now, "save": save}
-    atomic_write_json(cancel_request_path(run_dir), request)
+    request = {"job_id": job_id, "user": user_name(), "host": socket.gethostname(), "time": now, "save": save}
+    atomic_write_json(paths.cancel_request, request)
     Ledger(run_dir).append({"event": "cancel", "state_before": state.state, **request})
     result: tp.Dict[str, tp.Any] = {
         "run_dir": str(run_dir),

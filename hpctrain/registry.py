@@ -13,14 +13,13 @@ otherwise invalid line is skipped when reading, with ONE warning line on stderr 
 next append starts on a new line, so one torn record never damages the next.
 
 The registry is an index, not the truth: a line is never rewritten or removed, a run directory moved or
-deleted since is shown as missing by ``runs``. Stdlib only (the login-node tools import it; no torch).
+deleted since is shown as missing by ``runs``. Stdlib and the ground floor only (the login-node tools import it; no torch).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import getpass
 import json
 import os
 import socket
@@ -28,6 +27,8 @@ import sys
 import time
 import typing as tp
 from pathlib import Path
+
+from hpctrain._procs import user_name
 
 __all__ = [
     "HOME_ENV",
@@ -91,13 +92,6 @@ def hpctrain_home() -> Path:
 def registry_path() -> Path:
     """The registry file: ``$HPCTRAIN_HOME/runs.jsonl``."""
     return hpctrain_home() / FILE_NAME
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (containers): the uid is still someone
-        return str(os.getuid())
 
 
 def _lock(fd: int, how: int, timeout_s: float) -> bool:
@@ -168,7 +162,7 @@ def record_run(
         "name": str(name),
         "cluster": str(cluster),
         "submitted_at": time.time() if submitted_at is None else float(submitted_at),
-        "user": _user(),
+        "user": user_name(),
         "kind": kind,
         "host": socket.gethostname(),
     }

@@ -230,6 +230,12 @@ class RunDir:
         return self.root / "report.html"
 
     @property
+    def cancel_request(self) -> Path:
+        """``RUN_DIR/cancel-request.json``: written by ``python -m hpctrain cancel`` before it signals the job, read
+        by the deciding rank: an attempt of that job is not requeued, and its exit record says who cancelled it."""
+        return self.root / "cancel-request.json"
+
+    @property
     def tensorboard(self) -> Path:
         """``python -m hpctrain export-tensorboard``'s default output: a TensorBoard log directory."""
         return self.root / "tensorboard"

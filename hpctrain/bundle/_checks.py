@@ -135,6 +135,18 @@ def snapshot_of(lay: BundleLayout) -> tp.Tuple[tp.Optional[tp.Dict[str, tp.Any]]
         return None, str(exc)
 
 
+def _against_record(
+    c: Check, rel: str, manifest: tp.Mapping[str, tp.Any], sha: str, ck: tp.Mapping[str, tp.Any]
+) -> None:
+    """The bundled checkpoint is the one the record names: its manifest's sha256 and its step (directory and tar)."""
+    if sha != ck.get("manifest_sha256"):
+        fail(
+            c, f"{rel}/MANIFEST.json: sha256 {sha[:16]}... is not the recorded {str(ck.get('manifest_sha256'))[:16]}..."
+        )
+    if manifest.get("step") != ck.get("step"):
+        fail(c, f"{rel}: step {manifest.get('step')} is not the recorded step {ck.get('step')}")
+
+
 def check_checkpoint(lay: BundleLayout, record: tp.Mapping[str, tp.Any], c: Check) -> None:
     from hpctrain.ckpt import verify as verify_checkpoint
 
@@ -154,12 +166,7 @@ def check_checkpoint(lay: BundleLayout, record: tp.Mapping[str, tp.Any], c: Chec
     except (CheckpointFormatError, OSError) as exc:
         fail(c, f"{rel}: the checkpoint's own verify failed: {exc}")
         return
-    if sha != ck.get("manifest_sha256"):
-        fail(
-            c, f"{rel}/MANIFEST.json: sha256 {sha[:16]}... is not the recorded {str(ck.get('manifest_sha256'))[:16]}..."
-        )
-    if manifest.get("step") != ck.get("step"):
-        fail(c, f"{rel}: step {manifest.get('step')} is not the recorded step {ck.get('step')}")
+    _against_record(c, rel, manifest, sha, ck)
     c["detail"] = (
         f"step {manifest.get('step')}, {manifest.get('world_size')} shard(s): structure and every crc32 verify; "
         f"manifest sha256 {sha[:16]}..."
@@ -219,12 +226,7 @@ def check_archive_checkpoint(lay: BundleLayout, record: tp.Mapping[str, tp.Any],
     except (CheckpointFormatError, OSError) as exc:
         fail(c, f"{rel}: the checkpoint's own verify failed: {exc}")
         return
-    if sha != ck.get("manifest_sha256"):
-        fail(
-            c, f"{rel}/MANIFEST.json: sha256 {sha[:16]}... is not the recorded {str(ck.get('manifest_sha256'))[:16]}..."
-        )
-    if manifest.get("step") != ck.get("step"):
-        fail(c, f"{rel}: step {manifest.get('step')} is not the recorded step {ck.get('step')}")
+    _against_record(c, rel, manifest, sha, ck)
     for shard in manifest["shards"]:
         srel = f"{rel}/{shard['file']}"
         got = scan.found.get(srel)

@@ -26,7 +26,6 @@ keep their identity, computed as it was then. Every record carries ``identity``,
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import os
@@ -40,6 +39,7 @@ from pathlib import Path
 
 from hpctrain._atomic import atomic_write_json
 from hpctrain._files import shorten
+from hpctrain._procs import user_name
 from hpctrain.errors import UsageError
 from hpctrain.identity.code import Git, capture_code, code_essentials, dirty_summary, public_code
 from hpctrain.identity.runtime import capture_runtime, runtime_essentials
@@ -326,11 +326,6 @@ def _run_identity(path: Path, manifest: tp.Mapping[str, tp.Any]) -> RunIdentity:
 
 
 # ----------------------------------------------------------------------------------------------- ownership
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no USER and a uid outside /etc/passwd (containers)
-        return f"uid {os.getuid()}"
 
 
 def ownership_record(
@@ -338,7 +333,7 @@ def ownership_record(
 ) -> tp.Dict[str, tp.Any]:
     """``{"owner", "owner_source", "team", "notes"}``: the owner given, else the user running this."""
     return {
-        "owner": owner or _user(),
+        "owner": owner or user_name(),
         "owner_source": "config" if owner else "user",
         "team": team,
         "notes": notes,
@@ -751,7 +746,7 @@ def record_data(
                         f"{accept_hint} trains on it anyway (the acceptance is recorded)"
                     )
                 )
-            data["accepted_change"] = {"from_attempt": label, "changes": changes, "at": time.time(), "by": _user()}
+            data["accepted_change"] = {"from_attempt": label, "changes": changes, "at": time.time(), "by": user_name()}
     data["seconds"] = round(time.perf_counter() - started, 4)
     manifest["data"] = data
     manifest.pop("data_refused", None)

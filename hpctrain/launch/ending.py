@@ -46,13 +46,12 @@ __all__ = [
     "cancelled_by_text",
 ]
 
-CANCEL_REQUEST = "cancel-request.json"
-
 
 def cancel_request_path(run_dir: tp.Union[str, "os.PathLike[str]"]) -> Path:
-    """``RUN_DIR/cancel-request.json``: written by ``python -m hpctrain cancel`` before it signals the job, read by
-    the deciding rank: an attempt of that job is not requeued, and its exit record says who cancelled it."""
-    return Path(run_dir) / CANCEL_REQUEST
+    """:attr:`hpctrain.rundir.RunDir.cancel_request` of ``run_dir`` (the node side's name for it)."""
+    from hpctrain.rundir import RunDir
+
+    return RunDir(run_dir).cancel_request
 
 
 def cancel_request(run_dir: tp.Union[str, "os.PathLike[str]"], job_id: str) -> tp.Optional[tp.Dict[str, tp.Any]]:

@@ -64,7 +64,7 @@ def test_submit_record_is_written_once_with_the_code_snapshot(repo, tmp_path):
 
 
 def test_owner_defaults_to_the_user(repo, tmp_path, monkeypatch):
-    monkeypatch.setattr(mf.getpass, "getuser", lambda: "bob")
+    monkeypatch.setattr("getpass.getuser", lambda: "bob")
     m = capture_submit(fake_cfg(), [], tmp_path / "run")
     assert m["ownership"] == {"owner": "bob", "owner_source": "user", "team": None, "notes": None}
 
