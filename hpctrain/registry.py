@@ -13,7 +13,8 @@ otherwise invalid line is skipped when reading, with ONE warning line on stderr 
 next append starts on a new line, so one torn record never damages the next.
 
 The registry is an index, not the truth: a line is never rewritten or removed, a run directory moved or
-deleted since is shown as missing by ``runs``. Stdlib and the ground floor only (the login-node tools import it; no torch).
+deleted since is shown as missing by ``runs``. Stdlib and the ground floor only (the login-node tools
+import it; no torch).
 """
 
 from __future__ import annotations
