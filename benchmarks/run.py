@@ -527,39 +527,19 @@ def _esc(text: tp.Any) -> str:
 
 def svg(report: tp.Mapping[str, tp.Any]) -> str:
     """A horizontal bar per row with a goal: measured / goal (goal / measured for a ``<=`` goal), log scale, so a
-    bar that reaches the goal line meets it; failed and skipped benchmarks as grey rows."""
-    rows = [r for r in report["rows"] if r["goal"] is not None or r["status"] in ("failed", "skipped")]
+    bar that reaches the goal line meets it; failed and skipped benchmarks as grey rows. Drawn by hpctrain's
+    one chart engine (:mod:`hpctrain.charts`, its ratio bars)."""
+    from hpctrain.charts.bars import Bar, ratio_bars
+
     lo, hi = 0.1, 10.0
-    width, left, x0, x1, row_h, top = 1060, 400, 410, 820, 22, 78
-    height = top + row_h * max(1, len(rows)) + 40
-
-    def x(v: float) -> float:
-        v = min(max(v, lo), hi)
-        return x0 + (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (x1 - x0)
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        f'<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>',
-        f'<text x="12" y="22" font-size="16" font-weight="bold">hpctrain benchmarks: measured against goal '
-        f"({'quick settings' if report['quick'] else 'reference settings'}, {_esc(report['started_at'][:10])})</text>",
-        '<text x="12" y="42" fill="#555">bar: measured / goal (goal / measured where lower is better), log scale; '
-        "a bar that reaches the goal line meets its goal</text>",
-    ]
-    axis_y = top - 10
-    for t in (0.1, 0.2, 0.5, 1, 2, 5, 10):
-        xt = x(t)
-        out.append(f'<line x1="{xt:.1f}" y1="{axis_y}" x2="{xt:.1f}" y2="{height - 34}" stroke="#ddd"/>')
-        out.append(f'<text x="{xt:.1f}" y="{axis_y - 4}" text-anchor="middle" fill="#555">{t:g}×</text>')
-    for i, r in enumerate(rows):
-        y = top + i * row_h
+    bars = []
+    for r in report["rows"]:
+        if r["goal"] is None and r["status"] not in ("failed", "skipped"):
+            continue
         label = f"{r['benchmark']} · {r['metric']}" if r["metric"] else r["benchmark"]
-        out.append(f'<text x="{left}" y="{y + 15}" text-anchor="end">{_esc(label)}</text>')
         if r["status"] in ("failed", "skipped"):
             fill = "#9e9e9e" if r["status"] == "failed" else "#e0e0e0"
-            out.append(f'<rect x="{x0}" y="{y + 4}" width="{x1 - x0}" height="{row_h - 8}" fill="{fill}"/>')
-            note = f"{r['status']}: {r['note'] or ''}"
-            out.append(f'<text x="{x0 + 6}" y="{y + 15}" fill="#000">{_esc(note[:90])}</text>')
+            bars.append(Bar(label, None, fill, note=f"{r['status']}: {r['note'] or ''}"))
             continue
         g, m = r["goal"], r["measured"]
         if g["op"] == "==" or isinstance(m, bool):
@@ -572,19 +552,19 @@ def svg(report: tp.Mapping[str, tp.Any]) -> str:
             ratio = g["target"] / m if m > 0 else hi
         colour = "#2e7d32" if r["met"] else ("#bdbdbd" if m is None else "#c62828")
         text = f"{fmt_value(m, r['unit'])} (goal {fmt_goal(g, r['unit'])})" if m is not None else "not measured"
-        out.append(
-            f'<rect x="{x0}" y="{y + 4}" width="{x(ratio) - x0:.1f}" height="{row_h - 8}" fill="{colour}">'
-            f"<title>{_esc(label)}: {_esc(text)}</title></rect>"
+        bars.append(Bar(label, ratio, colour, text=text))
+    settings = "quick settings" if report["quick"] else "reference settings"
+    return (
+        ratio_bars(
+            bars,
+            title=f"hpctrain benchmarks: measured against goal ({settings}, {report['started_at'][:10]})",
+            subtitle="bar: measured / goal (goal / measured where lower is better), log scale; "
+            "a bar that reaches the goal line meets its goal",
+            lo=lo,
+            hi=hi,
         )
-        out.append(f'<text x="{x1 + 8}" y="{y + 15}">{_esc(text)}</text>')
-    gx = x(1.0)
-    out.append(
-        f'<line x1="{gx:.1f}" y1="{axis_y}" x2="{gx:.1f}" y2="{height - 34}" stroke="#000" stroke-width="2" '
-        'stroke-dasharray="5,3"/>'
+        + "\n"
     )
-    out.append(f'<text x="{gx:.1f}" y="{height - 18}" text-anchor="middle" font-weight="bold">goal</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ main

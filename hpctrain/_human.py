@@ -11,15 +11,21 @@ the same everywhere. Anything that is not a finite number (None, NaN, a bool, a 
   losses).
 * :func:`fmt_bytes`: binary units: ``512 B``, ``137.2 KiB``, ``11.2 GiB``.
 * :func:`fmt_local_time`: a recorded time in local time (``?`` for a damaged one).
+
+And recorded text made safe to show: every string taken from a run directory goes through :func:`plain`
+(for a terminal) or :func:`esc` (for HTML and SVG: the run report, the charts of :mod:`hpctrain.charts`), so
+a hostile or damaged record cannot break a screen or a page.
 """
 
 from __future__ import annotations
 
+import html
 import math
+import re
 import time
 import typing as tp
 
-__all__ = ["fmt_duration", "fmt_num", "fmt_bytes", "fmt_local_time", "real"]
+__all__ = ["fmt_duration", "fmt_num", "fmt_bytes", "fmt_local_time", "real", "plain", "esc"]
 
 _LONGEST_S = 10_000 * 86400.0
 
@@ -92,3 +98,26 @@ def fmt_local_time(t: tp.Any, fmt: str = "%Y-%m-%d %H:%M:%S", unknown: str = "?"
         return time.strftime(fmt, time.localtime(t))
     except (OverflowError, ValueError, OSError):
         return unknown
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def plain(value: tp.Any, keep: int = 300) -> str:
+    """Recorded text made safe to show (not yet HTML-escaped): ``?`` for None, cut to ``keep`` characters,
+    control characters and bidirectional overrides as ``\\xNN``/``\\uNNNN``, lone surrogates as U+FFFD."""
+    if value is None:
+        return "?"
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > keep:
+        text = f"{text[:keep]}… ({len(text)} characters)"
+    text = _SURROGATE.sub("\ufffd", text)
+    return _CONTROL.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", text
+    )
+
+
+def esc(value: tp.Any, keep: int = 300) -> str:
+    """Recorded text for HTML or SVG: :func:`plain`, then ``html.escape`` (quotes too: safe in attributes)."""
+    return html.escape(plain(value, keep), quote=True)

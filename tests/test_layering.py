@@ -28,6 +28,7 @@ LAYERS: tp.List[tp.Tuple[str, str]] = [
         "hpctrain defaults _atomic _files _human _procs",
         "ground: defaults, durable writes, bounded reads, formats for people",
     ),
+    ("charts", "inline SVG charts drawn from numbers (the one chart engine)"),
     (
         "_validate _cli _entry _output reliability",
         "config validation, the CLI convention, the entry; reliability formulas",

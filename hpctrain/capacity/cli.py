@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     add_json_flag(o)
     # --plot FILE: the older spelling of -o, still accepted (not shown)
-    add_output(o, kind="file", help="the plot (.png or .svg; needs matplotlib: hpctrain[plot])", aliases=("--plot",))
+    add_output(o, kind="file", help="the plot, an SVG file (.svg; for a PNG: rsvg-convert)", aliases=("--plot",))
     c = p.add_argument_group("calibration runs (submitted first, through python -m hpctrain.submit)")
     c.add_argument(
         "--calibrate", type=_sizes, metavar="SIZES", help="world sizes to calibrate at: 1,2 or 2x2 (nodes x ranks)"
@@ -338,8 +338,13 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     targets = _targets(ns)
     plot = None
     if ns.output:
-        if Path(ns.output).suffix.lower() not in (".png", ".svg"):
-            raise UsageError(f"-o {shorten(ns.output)!r}: name a .png or .svg file for the plot")
+        suffix = Path(ns.output).suffix.lower()
+        if suffix == ".png":
+            from hpctrain.capacity.plot import PNG_HINT
+
+            raise UsageError(f"-o {shorten(ns.output)!r}: {PNG_HINT}")
+        if suffix != ".svg":
+            raise UsageError(f"-o {shorten(ns.output)!r}: name a .svg file for the plot")
         # checked before any calibration run is submitted
         plot = output_file(ns.output, overwrite=ns.force, label="-o: ", hint=FORCE_HINT)
         if plot.to_stdout and ns.json:
@@ -365,15 +370,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         raise UsageError("give at least one calibration RUN_DIR, or --calibrate SIZES --entry MOD:FN")
     report = capacity_report(run_dirs, targets)
     if plot is not None:
-        from hpctrain.capacity.plot import PlotUnavailable, render_plot
+        from hpctrain.capacity.plot import render_plot
 
-        try:
-            data = render_plot(report, Path(ns.output).suffix.lower().lstrip("."))
-        except PlotUnavailable as exc:
-            report["notes"].append(f"plot not written: {exc}")
-        else:
-            plot.write_bytes(data)
-            report["plot"] = os.fspath(ns.output)
+        plot.write_bytes(render_plot(report, "svg"))
+        report["plot"] = os.fspath(ns.output)
     if ns.json:
         print_json(report, schema=SCHEMA)
     else:

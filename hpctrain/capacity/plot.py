@@ -1,77 +1,91 @@
 """The capacity plot: time to train and scaling efficiency against nodes, with the calibration runs, and the
-effective training time ratio (matplotlib, the optional ``[plot]`` extra; never torch).
+effective training time ratio: three panels side by side in one SVG (:mod:`hpctrain.charts`, stdlib only;
+never torch).
 
-:func:`render_plot` returns the image as bytes (SVG or PNG) for a report to inline or a file to hold;
-without matplotlib it raises :class:`PlotUnavailable` (one line saying how to install it). The figure is
-drawn on a ``matplotlib.figure.Figure`` with its own canvas: pyplot's global state and backend are never
-touched, so it is safe inside another program.
+:func:`render_plot` returns the SVG as bytes for a report to inline (a ``data:`` image) or a file to hold;
+the same report gives the same bytes. The plot is SVG only: a PNG is one conversion away (open the SVG in a
+browser, or ``rsvg-convert plot.svg -o plot.png``).
 """
 
 from __future__ import annotations
 
-import io
-import math
+import os
 import typing as tp
 
+from hpctrain._human import fmt_duration, fmt_num, real
+from hpctrain.charts.xy import XYChart, side_by_side
 from hpctrain.errors import HpctrainError
 
-__all__ = ["render_plot", "PlotUnavailable", "FORMATS"]
+__all__ = ["render_plot", "FORMATS", "PNG_HINT"]
 
-FORMATS = ("svg", "png")
+FORMATS = ("svg",)
+PNG_HINT = (
+    "the capacity plot is SVG only: write -o plot.svg, then open it in a browser "
+    "or convert it with rsvg-convert plot.svg -o plot.png"
+)
+
+_TRAIN, _WALL, _CAL = "#1f5fbf", "#e07000", "#263238"
 
 
-class PlotUnavailable(HpctrainError):
-    """matplotlib is not installed."""
+def _positive(x: tp.Any) -> bool:
+    v = real(x)
+    return v is not None and v > 0
 
 
-def _finite(x: tp.Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+def _where(p: tp.Mapping[str, tp.Any]) -> str:
+    """A calibration point's hover text: its run directory's name (recorded text: escaped by the chart)."""
+    name = os.path.basename(str(p.get("run_dir") or "").rstrip("/")) or "calibration"
+    return f"{name}, {fmt_num(p.get('nodes'))} node(s)"
 
 
 def render_plot(report: tp.Mapping[str, tp.Any], fmt: str = "svg") -> bytes:
-    """The plot of a capacity report (:func:`hpctrain.capacity.capacity_report`) as ``fmt`` bytes."""
+    """The plot of a capacity report (:func:`hpctrain.capacity.capacity_report`) as SVG bytes: time to train
+    (training alone and the wall time, with the calibration runs as stars), the scaling efficiency E(N) and
+    the effective training time ratio, each against nodes on a log axis. ``fmt`` other than ``"svg"``:
+    :class:`~hpctrain.errors.HpctrainError` (``png`` with one line saying how to get one)."""
+    if fmt == "png":
+        raise HpctrainError(PNG_HINT)
     if fmt not in FORMATS:
-        raise HpctrainError(f"capacity plot: format {fmt!r} is not one of {', '.join(FORMATS)}")
-    try:
-        import matplotlib
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise PlotUnavailable(
-            "the capacity plot needs matplotlib: pip install 'hpctrain[plot]' (the table and --json work without it)"
-        ) from None
-
-    rows = [r for r in report.get("rows", []) if r.get("feasible") and _finite(r.get("wall_s"))]
+        raise HpctrainError(f"capacity plot: format {fmt!r} is not svg (the plot is SVG only)")
+    rows = [r for r in report.get("rows", []) if r.get("feasible") and _positive(r.get("wall_s"))]
     points = [p for p in report.get("points", []) if p.get("comparable")]
-    with matplotlib.rc_context({"svg.hashsalt": "hpctrain-capacity", "font.size": 9}):
-        fig = Figure(figsize=(12, 3.8), layout="constrained")
-        FigureCanvasAgg(fig)
-        ax_t, ax_e, ax_r = fig.subplots(1, 3)
-        nodes = [r["nodes"] for r in rows]
-        hours = 3600.0
-        ax_t.plot(nodes, [r["train_s"] / hours for r in rows], "o-", label="training (no failures)")
-        ax_t.plot(nodes, [r["wall_s"] / hours for r in rows], "s--", label="wall (failures, saves, limits)")
-        cal = [p for p in points if _finite(p.get("train_s"))]
-        if cal:
-            ax_t.plot(
-                [p["nodes"] for p in cal],
-                [p["train_s"] / hours for p in cal],
-                "k*",
-                ms=11,
-                label="calibration (measured)",
-            )
-        ax_t.set(xscale="log", yscale="log", xlabel="nodes", ylabel="hours", title="time to train")
-        ax_e.plot(nodes, [r["efficiency"] for r in rows], "o-", label="predicted")
-        cal_e = [p for p in points if _finite(p.get("efficiency"))]
-        if cal_e:
-            ax_e.plot([p["nodes"] for p in cal_e], [p["efficiency"] for p in cal_e], "k*", ms=11, label="calibration")
-        ax_e.set(xscale="log", ylim=(0, 1.1), xlabel="nodes", ylabel="E(N)", title="scaling efficiency")
-        ax_r.plot(nodes, [r["ettr"] for r in rows], "o-", label="ETTR (failures + saves)")
-        ax_r.plot(nodes, [r["ettr_overall"] for r in rows], "s--", label="overall (+ start-ups, queue, limits)")
-        ax_r.set(xscale="log", ylim=(0, 1.05), xlabel="nodes", ylabel="ratio", title="effective training time ratio")
-        for ax in (ax_t, ax_e, ax_r):
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(loc="best", fontsize=7)
-        buf = io.BytesIO()
-        fig.savefig(buf, format=fmt, metadata={"Date": None} if fmt == "svg" else None, dpi=110)
-    return buf.getvalue()
+    hours = 3600.0
+
+    def h(v: tp.Any) -> tp.Any:
+        v = real(v)
+        return v / hours if v is not None else None
+
+    def hover(r: tp.Mapping[str, tp.Any], key: str) -> str:
+        return f"{fmt_num(r.get('nodes'))} node(s): {fmt_duration(r.get(key))}"
+
+    t = XYChart(title="time to train", xlabel="nodes", ylabel="hours", xlog=True, ylog=True)
+    t.line("training (no failures)", _TRAIN, [(r["nodes"], h(r.get("train_s")), hover(r, "train_s")) for r in rows])
+    t.line(
+        "wall (failures, saves, limits)",
+        _WALL,
+        [(r["nodes"], h(r.get("wall_s")), hover(r, "wall_s")) for r in rows],
+        dash=True,
+        marker="square",
+    )
+    cal = [p for p in points if _positive(p.get("train_s"))]
+    if cal:
+        stars = [(p.get("nodes"), h(p.get("train_s")), f"{_where(p)}: {fmt_duration(p.get('train_s'))}") for p in cal]
+        t.stars("calibration (measured)", _CAL, stars)
+
+    e = XYChart(title="scaling efficiency", xlabel="nodes", ylabel="E(N)", xlog=True, ylim=(0.0, 1.1))
+    e.line("predicted", _TRAIN, [(r["nodes"], r.get("efficiency")) for r in rows])
+    cal_e = [p for p in points if _positive(p.get("efficiency"))]
+    if cal_e:
+        e.stars("calibration", _CAL, [(p.get("nodes"), p["efficiency"], _where(p)) for p in cal_e])
+
+    q = XYChart(title="effective training time ratio", xlabel="nodes", ylabel="ratio", xlog=True, ylim=(0.0, 1.05))
+    q.line("ETTR (failures + saves)", _TRAIN, [(r["nodes"], r.get("ettr")) for r in rows])
+    q.line(
+        "overall (+ start-ups, queue, limits)",
+        _WALL,
+        [(r["nodes"], r.get("ettr_overall")) for r in rows],
+        dash=True,
+        marker="square",
+    )
+    svg = side_by_side([t, e, q], label="capacity plot: time to train, scaling efficiency, ETTR", standalone=True)
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n' + svg + "\n").encode("utf-8")

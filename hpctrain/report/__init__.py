@@ -1,7 +1,7 @@
 """A run's records for people: one self-contained HTML report, and the metrics as TensorBoard event files.
 
 * ``python -m hpctrain report RUN_DIR [-o FILE]`` (:mod:`hpctrain.report.cli`): one HTML file, no server, no
-  network, no script: inline SVG drawn here (:mod:`hpctrain.report.svg`) from what
+  network, no script: inline SVG drawn here (:mod:`hpctrain.charts`) from what
   :func:`hpctrain.report.gather.gather` reads (the status report of :func:`hpctrain.status.report.collect`
   plus every metrics record, sanitised against the same schemas), laid out by :mod:`hpctrain.report.page`.
 * ``python -m hpctrain export-tensorboard RUN_DIR [-o DIR]`` (:mod:`hpctrain.report.tensorboard`): the

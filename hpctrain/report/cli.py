@@ -19,9 +19,9 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain._cli import FORCE_HINT, add_json_flag, add_output, add_run_dir, command_parser, print_json
+from hpctrain._human import plain
 from hpctrain._output import OutputFile, output_file
 from hpctrain.errors import UsageError
-from hpctrain.report.text import plain
 from hpctrain.rundir import RunDir
 
 __all__ = ["main", "build_parser", "write_report", "SCHEMA"]

@@ -315,10 +315,10 @@ def _checkpoints(dirs: tp.List[str], notes: tp.List[str]) -> tp.List[tp.Dict[str
 def _capacity(root: Path, notes: tp.List[str]) -> tp.Optional[tp.Dict[str, tp.Any]]:
     """The capacity estimate of this run and its plot, from :mod:`hpctrain.capacity`:
     ``capacity_report(run_dir) -> dict`` and ``render_plot(report, "svg") -> bytes`` (an older draft's
-    ``compute``/``plot_svg`` too). Guarded: without the package (None), without those functions, without
-    matplotlib for the plot, or when the model does not apply to this run, the section says why and the rest
-    of the report is unchanged. The plot is embedded as an image (a ``data:`` URI): whatever it holds cannot
-    run a script or fetch anything."""
+    ``compute``/``plot_svg`` too). Guarded: without the package (None), without those functions, when the
+    plot refuses (an HpctrainError) or fails, or when the model does not apply to this run, the section says
+    why and the rest of the report is unchanged. The plot (SVG, drawn by :mod:`hpctrain.charts`) is embedded
+    as an image (a ``data:`` URI): whatever it holds cannot run a script or fetch anything."""
     try:
         import hpctrain.capacity as capacity
     except ImportError:
@@ -344,7 +344,7 @@ def _capacity(root: Path, notes: tp.List[str]) -> tp.Optional[tp.Dict[str, tp.An
         return out
     try:
         image = plot(result)
-    except HpctrainError as exc:  # matplotlib missing: the plot is optional
+    except HpctrainError as exc:  # the plot refused on purpose: it is optional, the summary stays
         out["note"] = f"No capacity plot: {shorten(str(exc), 300)}"
         return out
     except Exception as exc:  # noqa: BLE001

@@ -1,8 +1,8 @@
 """The report page: :func:`render` turns :class:`~hpctrain.report.gather.RunData` into one HTML document.
 
-Self-contained by construction: inline CSS, inline SVG (:mod:`hpctrain.report.svg`), no script, no font,
+Self-contained by construction: inline CSS, inline SVG (:mod:`hpctrain.charts`), no script, no font,
 stylesheet or image fetched from anywhere (the capacity plot, when there is one, is a ``data:`` URI). Every
-string taken from the run directory goes through :func:`hpctrain.report.text.esc`. Each section has a stable
+string taken from the run directory goes through :func:`hpctrain._human.esc`. Each section has a stable
 id (:data:`SECTIONS`) and says so plainly when its records are missing.
 
 This module holds the skeleton (head, styles, header, navigation, footer); the sections are drawn by
@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 
 import hpctrain
+from hpctrain._human import esc
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_attempts import _checkpoints, _timeline
 from hpctrain.report.page_charts import PARTS, _breakdown, _loss, _ranks, _spans, _throughput
 from hpctrain.report.page_html import SECTIONS, _when, page_head
 from hpctrain.report.page_summary import _capacity, _identity, _notes, _summary
-from hpctrain.report.text import esc
 
 __all__ = ["render", "SECTIONS", "PARTS"]
 

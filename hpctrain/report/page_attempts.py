@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from hpctrain._human import fmt_bytes, fmt_duration
+from hpctrain._human import esc, fmt_bytes, fmt_duration
+from hpctrain.charts.timeline import Row, timeline
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_html import _card, _colored, _empty, _pct, _pill, _section, _table, _when
-from hpctrain.report.svg_timeline import Row, timeline
-from hpctrain.report.text import esc
 
 TIMELINE_ROWS = 60
 """Attempts drawn on the timeline (the newest); the attempts table lists them all."""

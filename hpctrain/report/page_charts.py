@@ -1,6 +1,6 @@
 """The report's chart sections: loss, throughput and MFU, the step-time breakdown, the per-rank spread.
 
-Each draws the interval and eval records over the broken time axis of :class:`~hpctrain.report.svg.TimeChart`
+Each draws the interval and eval records over the broken time axis of :class:`~hpctrain.charts.time_chart.TimeChart`
 (one piece per attempt, from :func:`_spans`); a long run's records are thinned first (:func:`_drawn`).
 """
 
@@ -10,13 +10,12 @@ import collections
 import math
 import typing as tp
 
-from hpctrain._human import fmt_num
+from hpctrain._human import esc, fmt_num
+from hpctrain.charts.elements import COLORS
+from hpctrain.charts.range_bars import range_bars, stats_ok
+from hpctrain.charts.time_chart import TimeChart
 from hpctrain.report.gather import Attempt, RunData
 from hpctrain.report.page_html import _empty, _num, _pct, _section, _when
-from hpctrain.report.svg import TimeChart
-from hpctrain.report.svg_elements import COLORS
-from hpctrain.report.svg_range_bars import range_bars, stats_ok
-from hpctrain.report.text import esc
 
 __all__ = ["PARTS"]
 

@@ -1,6 +1,6 @@
 """The HTML pieces every section of the report page is built from: :data:`SECTIONS`, cards, tables, pills.
 
-Cells and values passed in are HTML already (escaped by the caller with :func:`~hpctrain.report.text.esc`);
+Cells and values passed in are HTML already (escaped by the caller with :func:`~hpctrain._human.esc`);
 headings and keys are escaped here. Each section's ``<section>`` carries its stable id from :data:`SECTIONS`.
 """
 
@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 import typing as tp
 
-from hpctrain._human import fmt_local_time
-from hpctrain.report.svg_elements import COLORS
-from hpctrain.report.text import esc
+from hpctrain._human import esc, fmt_local_time
+from hpctrain.charts.elements import COLORS
 
 __all__ = ["SECTIONS", "page_head"]
 

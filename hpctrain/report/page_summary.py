@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import base64
 
-from hpctrain._human import fmt_duration, fmt_num
+from hpctrain._human import esc, fmt_duration, fmt_num
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_html import _card, _empty, _num, _pct, _section, _span, _table, _when
-from hpctrain.report.text import esc
 
 
 def _summary(data: RunData) -> str:

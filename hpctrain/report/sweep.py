@@ -3,7 +3,7 @@ eval where the tasks evaluate), the table of :mod:`hpctrain.sweep.table` with th
 parameters mattered (the mean final loss per value of each parameter, and its spread).
 
 Like the run report (:mod:`hpctrain.report.page`): inline CSS and SVG, no script, nothing fetched; every text that
-came from a run directory or the sweep file goes through :func:`hpctrain.report.text.esc`. Stdlib only.
+came from a run directory or the sweep file goes through :func:`hpctrain._human.esc`. Stdlib only.
 It lives in the report package (not in ``hpctrain.sweep``) because it draws with the report's parts, and
 ``hpctrain.sweep`` sits below ``submit``, which reads sweep files.
 """
@@ -15,9 +15,9 @@ import time
 import typing as tp
 from pathlib import Path
 
+from hpctrain._human import esc
+from hpctrain.charts.elements import plottable
 from hpctrain.report.page_html import page_head
-from hpctrain.report.svg_elements import plottable
-from hpctrain.report.text import esc
 
 __all__ = ["render_sweep", "write_sweep_report", "REPORT_FILE"]
 

@@ -197,7 +197,7 @@ def build_parser() -> tp.Any:
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     res = export(args.run_dir, args.output, overwrite=args.force)
-    from hpctrain.report.text import plain
+    from hpctrain._human import plain
 
     if args.json:
         print_json(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -96,22 +97,49 @@ def test_json_report_follows_the_documented_schema(runs, capsys):
 
 
 def test_table_and_plot(runs, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
-    svg, png = tmp_path / "cap.svg", tmp_path / "cap.png"
+    svg = tmp_path / "cap.svg"
     assert hpctrain_main(["capacity", *runs, "--samples", "1e9", "--local-batch", "32", "--plot", str(svg)]) == 0
     out = capsys.readouterr().out
     assert "predicted per node count" in out and "512" in out and "network" in out and f"plot      {svg}" in out
     assert svg.read_bytes().startswith(b"<?xml") and b"<svg" in svg.read_bytes()
-    assert hpctrain_main(["capacity", *runs, "--plot", str(png)]) == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_render_plot_is_public_and_deterministic(runs):
-    pytest.importorskip("matplotlib")
     from hpctrain.capacity import capacity_report, render_plot
 
     report = capacity_report(runs)
     assert render_plot(report, "svg") == render_plot(report, "svg")
+
+
+def test_the_plot_is_one_svg_of_three_panels_with_a_star_per_calibration_point(runs):
+    from hpctrain.capacity import capacity_report, render_plot
+
+    report = capacity_report(runs)
+    root = ET.fromstring(render_plot(report, "svg"))
+    ns = "{http://www.w3.org/2000/svg}"
+    assert root.tag == f"{ns}svg"
+    titles = [t.text for t in root.iter(f"{ns}text") if t.get("class") == "panel-title"]
+    assert titles == ["time to train", "scaling efficiency", "effective training time ratio"]
+    comparable = [p for p in report["points"] if p["comparable"]]
+    assert comparable
+    panels = [g for g in root.iter(f"{ns}g") if g.get("class") == "panel"]
+    assert len(panels) == 3
+    stars = [e for e in panels[0].iter(f"{ns}path") if (e.findtext(f"{ns}title") or "").startswith("calibration")]
+    assert len(stars) == len([p for p in comparable if p.get("train_s")])
+
+
+def test_a_png_plot_is_exit_2_with_one_line_and_nothing_written(runs, tmp_path):
+    png = tmp_path / "cap.png"
+    res = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "capacity", *runs, "-o", str(png)], capture_output=True, text=True
+    )
+    assert res.returncode == 2 and not png.exists()
+    assert len(res.stderr.strip().splitlines()) == 1 and "SVG" in res.stderr and "rsvg-convert" in res.stderr
+    from hpctrain.capacity import capacity_report, render_plot
+    from hpctrain.errors import HpctrainError
+
+    with pytest.raises(HpctrainError, match="SVG only"):
+        render_plot(capacity_report(runs), "png")
 
 
 @pytest.mark.parametrize(
@@ -123,7 +151,7 @@ def test_render_plot_is_public_and_deterministic(runs):
         (["{w1}", "--samples", "5", "--epochs", "2"], "not allowed with argument"),
         (["{w1}", "--busbw", "-3"], "--busbw '-3' must be a number > 0"),
         (["{w1}", "--time-limit", "soon"], "--time-limit 'soon' is not a Slurm time"),
-        (["{w1}", "--plot", "x.pdf"], "name a .png or .svg file"),
+        (["{w1}", "--plot", "x.pdf"], "name a .svg file"),
         (["{w1}", "--entry", "m:f"], "belong to --calibrate"),
         (["--calibrate", "1,2"], "--calibrate needs --entry"),
         ([], "give at least one calibration RUN_DIR"),

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.charts.range_bars import range_bars
+from hpctrain.charts.time_chart import TimeChart
 from hpctrain.report.cli import main
-from hpctrain.report.svg import TimeChart
-from hpctrain.report.svg_range_bars import range_bars
 from tests.report.synth import PARTS, T0, interval, make_run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The axes of the charts: the broken time axis (:class:`TimeAxis`) and the y scales (stdlib only).
+"""The axes of the charts: the broken time axis (:class:`TimeAxis`) and the value scales (stdlib only).
 
 :class:`TimeAxis` is a *broken* time axis whose pieces are the attempts of the run, each as wide as its share
 of the time (with a minimum), separated by a hatched gap of fixed width that says how long the run was down
@@ -12,10 +12,10 @@ import math
 import time
 import typing as tp
 
-from hpctrain.report.svg_elements import COLORS, _el, _text
-from hpctrain.report.text import esc
+from hpctrain._human import esc
+from hpctrain.charts.elements import COLORS, el, svg_text
 
-__all__ = ["TimeAxis"]
+__all__ = ["TimeAxis", "axis_line", "nice_ticks", "log_ticks", "robust_top"]
 
 # ------------------------------------------------------------------------------------------- the time axis
 _TICK_STEPS = (
@@ -132,20 +132,20 @@ def _clock(t: float, fmt: str = "%H:%M:%S") -> str:
         return "?"
 
 
-def _axis_line(axis: TimeAxis, base: float) -> str:
+def axis_line(axis: TimeAxis, base: float) -> str:
     """The broken x axis at ``base``: one line per piece, clock-time ticks, labels where they do not overlap."""
-    out = [_el("line", x1=x, x2=x + w, y1=base, y2=base, stroke=COLORS["axis"]) for x, w in zip(axis.starts, axis.px)]
+    out = [el("line", x1=x, x2=x + w, y1=base, y2=base, stroke=COLORS["axis"]) for x, w in zip(axis.starts, axis.px)]
     last = -1e9
     for x, text in axis.ticks():
-        out.append(_el("line", x1=x, x2=x, y1=base, y2=base + 4, stroke=COLORS["axis"]))
+        out.append(el("line", x1=x, x2=x, y1=base, y2=base + 4, stroke=COLORS["axis"]))
         if x - last >= 12 + 6.2 * len(text):  # no two labels overlap
-            out.append(_text(x, base + 16, esc(text), text_anchor="middle"))
+            out.append(svg_text(x, base + 16, esc(text), text_anchor="middle"))
             last = x
     return "".join(out)
 
 
-# ---------------------------------------------------------------------------------------------- y scales
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> tp.List[float]:
+# ------------------------------------------------------------------------------------------ value scales
+def nice_ticks(lo: float, hi: float, n: int = 5) -> tp.List[float]:
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return [0.0, 1.0]
     if hi <= lo:
@@ -162,7 +162,7 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> tp.List[float]:
     return ticks
 
 
-def _log_ticks(tlo: float, thi: float) -> tp.List[float]:
+def log_ticks(tlo: float, thi: float) -> tp.List[float]:
     """Ticks (as log10 values) of a log axis over ``tlo..thi``: the decades, and 2 and 5 times them when
     fewer than three decades fit."""
     decades = list(range(math.ceil(tlo - 1e-9), math.floor(thi + 1e-9) + 1))
@@ -177,7 +177,7 @@ def _log_ticks(tlo: float, thi: float) -> tp.List[float]:
     return out or [tlo, thi]
 
 
-def _robust_top(values: tp.Sequence[float]) -> tp.Optional[float]:
+def robust_top(values: tp.Sequence[float]) -> tp.Optional[float]:
     """A y-axis top that leaves out rare spikes (an attempt's first interval: warm-up; a blocking save):
     twice the 75th percentile when the maximum is more than three times that, else None (no clipping)."""
     if len(values) < 8:

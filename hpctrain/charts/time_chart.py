@@ -1,15 +1,10 @@
-"""Inline SVG charts drawn from numbers, for a page without scripts (stdlib only).
+"""The chart over wall time (:class:`TimeChart`): lines, bands, stacked areas, markers and events over the
+broken time axis of :class:`~hpctrain.charts.axes.TimeAxis` (stdlib only).
 
 Every chart is one ``<svg>`` string with a ``viewBox`` (it scales with the page) and its own id prefix for
 the patterns it defines (many charts share one HTML document). Text that came from a run directory goes
-through :func:`esc` (cut, control characters shown as escapes, HTML-escaped); numbers are formatted by
-:mod:`hpctrain.report.text`.
-
-This module holds :class:`TimeChart`, the chart over wall time, and re-exports the other charts' public
-names. The rest lives by job: the safe text and number formats in :mod:`hpctrain.report.text`, the drawing
-pieces and :data:`COLORS` in :mod:`hpctrain.report.svg_elements`, the broken time axis (:class:`TimeAxis`)
-and the y scales in :mod:`hpctrain.report.svg_axes`, the attempts :func:`timeline` in
-:mod:`hpctrain.report.svg_timeline` and the per-rank :func:`range_bars` in :mod:`hpctrain.report.svg_range_bars`.
+through :func:`~hpctrain._human.esc` (cut, control characters shown as escapes, HTML-escaped); numbers are
+formatted by :mod:`hpctrain._human`.
 """
 
 from __future__ import annotations
@@ -18,38 +13,25 @@ import itertools
 import math
 import typing as tp
 
-from hpctrain._human import fmt_duration, fmt_num
-from hpctrain.report.svg_axes import TimeAxis, _axis_line, _log_ticks, _nice_ticks, _robust_top
-from hpctrain.report.svg_elements import (
+from hpctrain._human import esc, fmt_duration, fmt_num
+from hpctrain.charts.axes import TimeAxis, axis_line, log_ticks, nice_ticks, robust_top
+from hpctrain.charts.elements import (
     COLORS,
-    _cross,
-    _diamond,
-    _el,
-    _f,
-    _hatch,
-    _ids,
-    _left_out,
-    _path,
-    _svg_open,
-    _text,
+    cross_d,
+    diamond_d,
+    el,
+    fmt_coord,
+    hatch_pattern,
+    left_out_note,
+    new_id,
     plottable,
+    svg_open,
+    svg_path,
+    svg_text,
+    swatch,
 )
-from hpctrain.report.svg_range_bars import range_bars, stats_ok
-from hpctrain.report.svg_timeline import Row, timeline
-from hpctrain.report.text import esc, plain
 
-# the names the charts were always imported by, wherever each is defined now
-__all__ = [
-    "esc",
-    "plain",
-    "TimeAxis",
-    "TimeChart",
-    "Row",
-    "timeline",
-    "range_bars",
-    "stats_ok",
-    "COLORS",
-]
+__all__ = ["TimeChart"]
 
 
 # ------------------------------------------------------------------------------------------------ charts
@@ -78,7 +60,7 @@ class TimeChart:
 
     ``TimeChart(spans, label=..., fmt=...)``, then ``line``/``band``/``stack``/``markers``/``events``, then
     :meth:`svg`. Lines break across the gaps between attempts and at unknown (None) values. A value that is not
-    finite or beyond :data:`~hpctrain.report.svg_elements.PLOTTABLE` is left out (a break, like None) and
+    finite or beyond :data:`~hpctrain.charts.elements.PLOTTABLE` is left out (a break, like None) and
     counted in :attr:`left_out`, which the chart states in a line of its own. Names, titles and labels are
     recorded or plain text: escaped here.
     """
@@ -104,7 +86,7 @@ class TimeChart:
         self.log = log
         """None: a log scale when every value is positive and they span 30x or more (a loss), unless ``zero``."""
         self.piece_labels = list(piece_labels)
-        self.id = f"c{next(_ids)}"
+        self.id = new_id()
         self._layers: tp.List[Draw] = []
         self._values: tp.List[float] = []
         self._tops: tp.List[tp.Tuple[float, float]] = []
@@ -157,12 +139,12 @@ class TimeChart:
             for run in self._runs(pts):
                 xy = _thin([(self.axis.x(t), y(v)) for t, v in run])
                 if len(xy) == 1:
-                    out.append(_el("circle", cx=xy[0][0], cy=xy[0][1], r=2.2, fill=color))
+                    out.append(el("circle", cx=xy[0][0], cy=xy[0][1], r=2.2, fill=color))
                     continue
                 out.append(
-                    _el(
+                    el(
                         "polyline",
-                        points=" ".join(f"{_f(a)},{_f(b)}" for a, b in xy),
+                        points=" ".join(f"{fmt_coord(a)},{fmt_coord(b)}" for a, b in xy),
                         fill="none",
                         stroke=color,
                         stroke_width=width,
@@ -226,11 +208,9 @@ class TimeChart:
             if len(top) == 1:  # one interval in this attempt: a thin bar
                 (x, yt), (_, yb) = top[0], bottom[0]
                 top, bottom = [(x - 1.5, yt), (x + 1.5, yt)], [(x + 1.5, yb), (x - 1.5, yb)]
-            d = " ".join(f"{_f(a)},{_f(b)}" for a, b in _thin(top) + _thin(bottom[::-1])[::-1])
-            body = _el("title", esc(title)) if title else ""
-            out.append(
-                _el("polygon", body, points=d, fill=color, fill_opacity=opacity, stroke="#fff", stroke_width=0.3)
-            )
+            d = " ".join(f"{fmt_coord(a)},{fmt_coord(b)}" for a, b in _thin(top) + _thin(bottom[::-1])[::-1])
+            body = el("title", esc(title)) if title else ""
+            out.append(el("polygon", body, points=d, fill=color, fill_opacity=opacity, stroke="#fff", stroke_width=0.3))
         return "".join(out)
 
     def markers(
@@ -262,18 +242,18 @@ class TimeChart:
             out = []
             for t, v, title in pts[:: max(1, math.ceil(len(pts) / 400))]:
                 x, yy = self.axis.x(t), self.TOP + 6 if v is None else y(v)
-                tip = _el("title", esc(title))
+                tip = el("title", esc(title))
                 if shape == "cross":
-                    out.append(_el("path", tip, d=_cross(x, yy), stroke=color, stroke_width=2))
+                    out.append(el("path", tip, d=cross_d(x, yy), stroke=color, stroke_width=2))
                 elif shape == "diamond":
-                    out.append(_el("path", tip, d=_diamond(x, yy), fill=color))
+                    out.append(el("path", tip, d=diamond_d(x, yy), fill=color))
                 else:
-                    out.append(_el("circle", tip, cx=x, cy=yy, r=3.0, fill=color, stroke="#fff", stroke_width=0.8))
+                    out.append(el("circle", tip, cx=x, cy=yy, r=3.0, fill=color, stroke="#fff", stroke_width=0.8))
             last = -1e9
             for t, v, text in labels:
                 x = self.axis.x(t)
                 if abs(x - last) >= 28:
-                    out.append(_text(x, y(v) - 7, esc(text, 40), color=color, text_anchor="middle", font_weight=600))
+                    out.append(svg_text(x, y(v) - 7, esc(text, 40), color=color, text_anchor="middle", font_weight=600))
                     last = x
             return "".join(out)
 
@@ -288,7 +268,7 @@ class TimeChart:
         base = self.H - self.BOTTOM
         self._layers.append(
             lambda y: "".join(
-                _el("path", _el("title", esc(title)), d=_diamond(self.axis.x(t), base - 6), fill=color)
+                el("path", el("title", esc(title)), d=diamond_d(self.axis.x(t), base - 6), fill=color)
                 for t, title in pts
             )
         )
@@ -314,14 +294,14 @@ class TimeChart:
         log10 (``log``, or automatic for positive data spanning 30x); spikes cut when ``clip``."""
         T, plot_h = self.TOP, self.H - self.TOP - self.BOTTOM
         lo, hi = min(self._values, default=0.0), max(self._values, default=1.0)
-        cut = _robust_top(self._values) if self.clip else None
+        cut = robust_top(self._values) if self.clip else None
         if cut is not None and cut < hi:
             hi, self.clipped = cut, True
         log = self.log if self.log is not None else (not self.zero and lo > 0 and hi / lo >= 30)
         if log and lo > 0:
             pad = 0.05 * (math.log10(hi) - math.log10(lo) or 1.0)
             tlo, thi = math.log10(lo) - pad, math.log10(hi) + pad
-            ticks = [10**t for t in _log_ticks(tlo, thi)]
+            ticks = [10**t for t in log_ticks(tlo, thi)]
 
             def tr(v: float) -> float:
                 return math.log10(v) if v > 0 else tlo
@@ -334,12 +314,12 @@ class TimeChart:
             if self.zero:
                 lo = min(lo, 0.0)
                 hi = hi + 0.08 * (hi - lo)  # headroom for labels above the highest point
-                ticks = _nice_ticks(lo, hi)
+                ticks = nice_ticks(lo, hi)
                 tlo, thi = min(ticks[0], lo), max(ticks[-1], hi)
             else:
                 pad = (hi - lo) * 0.06 or abs(hi) * 0.05 or 1.0
                 tlo, thi = (max(lo - pad, 0.0) if lo >= 0 else lo - pad), hi + pad
-                ticks = [v for v in _nice_ticks(tlo, thi) if tlo - 1e-12 <= v <= thi + 1e-12] or [tlo, thi]
+                ticks = [v for v in nice_ticks(tlo, thi) if tlo - 1e-12 <= v <= thi + 1e-12] or [tlo, thi]
 
         def y(v: float) -> float:
             if not thi > tlo:
@@ -353,38 +333,40 @@ class TimeChart:
         W, H, L, T, B = self.W, self.H, self.LEFT, self.TOP, self.BOTTOM
         plot_h, base = H - T - B, H - B
         y, ticks = self._scale()
-        out = [_svg_open(W, H, aria or self.label), _el("defs", _hatch(f"{self.id}-hatch"))]
+        out = [svg_open(W, H, aria or self.label), el("defs", hatch_pattern(f"{self.id}-hatch"))]
         for v in ticks:  # grid and y labels
-            out.append(_el("line", x1=L, x2=W - self.RIGHT, y1=y(v), y2=y(v), stroke=COLORS["grid"]))
-            out.append(_text(L - 6, y(v) + 4, esc(self.fmt(v)), size=11, text_anchor="end"))
+            out.append(el("line", x1=L, x2=W - self.RIGHT, y1=y(v), y2=y(v), stroke=COLORS["grid"]))
+            out.append(svg_text(L - 6, y(v) + 4, esc(self.fmt(v)), size=11, text_anchor="end"))
         mid = T + plot_h / 2
         out.append(
-            _text(14, mid, esc(self.label), size=11.5, text_anchor="middle", transform=f"rotate(-90 14 {_f(mid)})")
+            svg_text(
+                14, mid, esc(self.label), size=11.5, text_anchor="middle", transform=f"rotate(-90 14 {fmt_coord(mid)})"
+            )
         )
         for left, right, secs in self.axis.gaps():  # the restarts
-            tip = _el("title", f"restart: {esc(fmt_duration(secs))} between the attempts")
-            out.append(_el("rect", tip, x=left, y=T, width=right - left, height=plot_h, fill=f"url(#{self.id}-hatch)"))
+            tip = el("title", f"restart: {esc(fmt_duration(secs))} between the attempts")
+            out.append(el("rect", tip, x=left, y=T, width=right - left, height=plot_h, fill=f"url(#{self.id}-hatch)"))
             cx = (left + right) / 2
             if right - left < 14:  # many restarts: the hatch and its hover title say it
                 continue
             out.append(
-                _text(
+                svg_text(
                     cx,
                     mid,
                     f"restart · {esc(fmt_duration(secs))}",
                     color=COLORS["text"],
                     text_anchor="middle",
                     dominant_baseline="middle",
-                    transform=f"rotate(-90 {_f(cx)} {_f(mid)})",
+                    transform=f"rotate(-90 {fmt_coord(cx)} {fmt_coord(mid)})",
                 )
             )
         for i, (x, w) in enumerate(zip(self.axis.starts, self.axis.px)):  # which attempt each piece is
             if i < len(self.piece_labels) and self.piece_labels[i] and w > 40:
-                out.append(_text(x + 4, T + 12, esc(self.piece_labels[i], 40)))
+                out.append(svg_text(x + 4, T + 12, esc(self.piece_labels[i], 40)))
         if not self._values:
-            out.append(_text(W / 2, mid, "no data", size=13, text_anchor="middle"))
+            out.append(svg_text(W / 2, mid, "no data", size=13, text_anchor="middle"))
         out += [draw(y) for draw in self._layers]
-        out.append(_left_out(self.left_out, W - self.RIGHT, T - 8, text_anchor="end"))
+        out.append(left_out_note(self.left_out, W - self.RIGHT, T - 8, text_anchor="end"))
         if self.clipped:  # spikes above the axis: a red caret at the top edge with the value
             last = -1e9
             for t, v in sorted(p for p in self._tops if y(p[1]) <= T + 0.01):
@@ -392,27 +374,14 @@ class TimeChart:
                 if x - last >= 44:
                     last = x
                     value = esc(self.fmt(v))
-                    caret = _path((x - 5, T + 7), (x, T), (x + 5, T + 7))
-                    out.append(_el("path", _el("title", f"cut off: {value}"), d=caret, fill=COLORS["slow"]))
-                    out.append(_text(x + 7, T + 8, value, size=10, color=COLORS["slow"]))
-        out.append(_axis_line(self.axis, base))
+                    caret = svg_path((x - 5, T + 7), (x, T), (x + 5, T + 7))
+                    out.append(el("path", el("title", f"cut off: {value}"), d=caret, fill=COLORS["slow"]))
+                    out.append(svg_text(x + 7, T + 8, value, size=10, color=COLORS["slow"]))
+        out.append(axis_line(self.axis, base))
         lx = L
         for name, color, kind in self._legend:
-            out.append(_swatch(kind, color, lx, 12))
-            out.append(_text(lx + 20, 16, esc(name), size=11.5, color=COLORS["text"]))
+            out.append(swatch(kind, color, lx, 12))
+            out.append(svg_text(lx + 20, 16, esc(name), size=11.5, color=COLORS["text"]))
             lx += 34 + 7.0 * len(name)
         out.append("</svg>")
         return "".join(out)
-
-
-def _swatch(kind: str, color: str, x: float, y: float) -> str:
-    if kind in ("line", "dash"):
-        dash = "4 3" if kind == "dash" else None
-        return _el("line", x1=x, x2=x + 16, y1=y, y2=y, stroke=color, stroke_width=2.5, stroke_dasharray=dash)
-    if kind in ("band", "area"):
-        return _el("rect", x=x, y=y - 6, width=16, height=10, fill=color, fill_opacity=0.35 if kind == "band" else 0.85)
-    if kind == "cross":
-        return _el("path", d=_cross(x + 8, y), stroke=color, stroke_width=2)
-    if kind == "diamond":
-        return _el("path", d=_diamond(x + 8, y), fill=color)
-    return _el("circle", cx=x + 8, cy=y, r=3.5, fill=color)
