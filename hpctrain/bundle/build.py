@@ -391,6 +391,7 @@ def _build_tree(
         hpctrain_version=__version__,
         hpctrain_url=hpctrain_url(newest),
         torch_version=torch_version,
+        container=(read_json(lay.identity_submit, []) or {}).get("container") if lay.identity_submit.exists() else None,
     )
     notes += crate_gaps(crate)
     put(lay.preview, preview_html(crate, record))

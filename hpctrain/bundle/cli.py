@@ -184,6 +184,14 @@ def render_report(report: tp.Mapping[str, tp.Any]) -> None:
     console.print(
         f"ckpt     step {escape(str(ck.get('step')))} · manifest sha256 {escape(str(ck.get('manifest_sha256')))}"
     )
+    image = report.get("container")
+    if image:
+        digest = image.get("digest") or "none recorded (a registry reference, resolved on the node)"
+        console.print(
+            f"image    {escape(str(image.get('image')))} · {escape(str(image.get('runtime')))} "
+            f"{escape(str(image.get('version') or ''))} · digest {escape(str(digest))}",
+            soft_wrap=True,
+        )
     table = Table(show_lines=False)
     for col in ("check", "result", "detail"):
         table.add_column(col)

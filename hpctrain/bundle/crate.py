@@ -18,11 +18,15 @@ The graph:
   fingerprint file, the code snapshot, the submission), result (the checkpoint it committed when that is
   the bundled one, the committed step, the metrics), description (job id, restart count, hosts, steps
   resumed from / reached / committed, how it ended), ``environment`` = the attempt's ``SLURM_*`` variables;
-* one ``OrganizeAction`` per Slurm job, whose ``result`` is its attempts.
+* one ``OrganizeAction`` per Slurm job, whose ``result`` is its attempts;
+* a containerised run's image (the submit identity's ``container`` record): a ``ContainerImage`` (Process Run
+  Crate, "Representing container images": ``additionalType`` ``DockerImage`` or ``SIFImage``, ``registry``,
+  ``name``, ``tag``, ``sha256``) that every CreateAction names as its ``containerImage``.
 
 The Process Run Crate's ``environment`` term lives in the workflow-run context; it is declared inline
 (``{"environment": "https://w3id.org/ro/terms/workflow-run#environment"}``, the same IRI) so that no tool
-needs the network to read the crate.
+needs the network to read the crate; so are ``containerImage``, ``ContainerImage``, ``registry``, ``tag`` and
+``sha256`` when the run ran in a container.
 """
 
 from __future__ import annotations
@@ -36,11 +40,24 @@ import typing as tp
 from hpctrain.bundle._records import code_repo, data_files, hpctrain_code, http_url, slurm_environment
 from hpctrain.run import Attempt
 
-__all__ = ["PROFILE", "RO_CRATE", "build_crate", "command_line", "crate_gaps", "preview_html", "iso", "encoding_format"]
+__all__ = [
+    "PROFILE",
+    "RO_CRATE",
+    "build_crate",
+    "command_line",
+    "container_image",
+    "crate_gaps",
+    "preview_html",
+    "iso",
+    "encoding_format",
+]
 
 RO_CRATE = "https://w3id.org/ro/crate/1.1"
 PROFILE = "https://w3id.org/ro/wfrun/process/0.5"
-WFRUN_ENVIRONMENT = "https://w3id.org/ro/terms/workflow-run#environment"
+WFRUN = "https://w3id.org/ro/terms/workflow-run#"
+WFRUN_ENVIRONMENT = WFRUN + "environment"
+CONTAINER_IMAGE_ID = "#container-image"
+_CONTAINER_TERMS = ("containerImage", "ContainerImage", "registry", "tag", "sha256")
 COMPLETED = "http://schema.org/CompletedActionStatus"
 FAILED = "http://schema.org/FailedActionStatus"
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
@@ -112,6 +129,67 @@ _DESCRIBE = {
 }
 
 
+def _image_reference(ref: str) -> tp.Tuple[str, str, tp.Optional[str]]:
+    """``(registry, name, tag)`` of a registry reference: ``nvcr.io/nvidia/pytorch:24.01-py3``, pyxis's
+    ``nvcr.io#nvidia/pytorch:24.01-py3``, ``docker://...``, ``localhost/x:latest``; no registry: docker.io."""
+    ref = ref.split("://", 1)[1] if "://" in ref else ref
+    ref = ref.split("@", 1)[0]  # a pinned @sha256:... is the digest, not the name
+    if "#" in ref:
+        registry, rest = ref.split("#", 1)
+    else:
+        first, _, after = ref.partition("/")
+        if after and ("." in first or ":" in first or first == "localhost"):
+            registry, rest = first, after
+        else:
+            registry, rest = "docker.io", ref
+    head, _, last = rest.rpartition("/")
+    name, tag = (last.split(":", 1) + [None])[:2] if ":" in last else (last, None)
+    return registry, f"{head}/{name}" if head else str(name), tag
+
+
+def container_image(container: tp.Optional[tp.Mapping[str, tp.Any]]) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The run's image as the Process Run Crate's ``ContainerImage`` (None: the run had no container): a docker or
+    OCI reference (podman, pyxis, apptainer ``docker://``) is a ``DockerImage`` with its registry, name and tag; an
+    image file (apptainer's ``.sif``, pyxis's squashfs) is a ``SIFImage`` (a squashfs: a ``DockerImage`` flattened
+    by enroot) named by its file; ``sha256`` is the digest the identity recorded (podman's image id, the file's)."""
+    if not isinstance(container, dict) or not isinstance(container.get("image"), str) or not container["image"]:
+        return None
+    image, runtime = container["image"], str(container.get("runtime") or "unknown")
+    kind = container.get("kind")
+    if kind == "file":
+        path = str(container.get("path") or image)
+        name, tag = path.rsplit("/", 1)[-1], None
+        registry = "(none: a local image file)"
+        squashfs = path.endswith((".sqsh", ".squashfs"))
+        what = "DockerImage" if squashfs else "SIFImage"
+        where = f"the image file {path}" + (" (an enroot squashfs)" if squashfs else "")
+    else:
+        ref = image.split(":", 1)[1] if image.startswith(("oci-archive:", "docker-archive:")) else image
+        registry, name, tag = _image_reference(ref)
+        what = "SIFImage" if image.startswith(("library://", "oras://", "shub://")) else "DockerImage"
+        where = f"the image {image}"
+    digest = container.get("digest") if isinstance(container.get("digest"), str) else None
+    mounts = [str(m) for m in container.get("mounts") or []]
+    version = container.get("version")
+    entity: tp.Dict[str, tp.Any] = {
+        "@id": CONTAINER_IMAGE_ID,
+        "@type": "ContainerImage",
+        "additionalType": _ref(WFRUN + what),
+        "registry": registry,
+        "name": name,
+        "description": f"Every task ran in {where} through {runtime}"
+        + (f" ({version})" if isinstance(version, str) and version else "")
+        + (f"; digest {digest}" if digest else "; no digest recorded (a registry reference resolved on the node)")
+        + (f"; mounts {', '.join(mounts)}" if mounts else "")
+        + ".",
+    }
+    if tag:
+        entity["tag"] = tag
+    if digest and digest.startswith("sha256:"):
+        entity["sha256"] = digest.split(":", 1)[1]
+    return entity
+
+
 def build_crate(
     *,
     record: tp.Mapping[str, tp.Any],
@@ -124,8 +202,10 @@ def build_crate(
     hpctrain_version: str,
     hpctrain_url: str,
     torch_version: tp.Optional[str],
+    container: tp.Optional[tp.Mapping[str, tp.Any]] = None,
 ) -> tp.Dict[str, tp.Any]:
-    """The JSON-LD document. ``files``: (path in the bundle, size or None) of every file but the metadata."""
+    """The JSON-LD document. ``files``: (path in the bundle, size or None) of every file but the metadata;
+    ``container``: the submit identity's container record (:func:`hpctrain._container.image_record`), if any."""
     graph: tp.List[tp.Dict[str, tp.Any]] = []
     ck = record["checkpoint"]
     ck_dir = ck["dir"].rstrip("/") + "/"
@@ -208,6 +288,7 @@ def build_crate(
         software.append(user_code)
         instruments.append(_ref(repo_url))
     instruments.append(_ref(hpctrain_url))
+    image = container_image(container)
 
     # --- files
     file_ids = [rel for rel, _ in files]
@@ -318,6 +399,8 @@ def build_crate(
             "agent": _ref(owner_id),
             "instrument": _one_or_list(instruments),
         }
+        if image is not None:
+            action["containerImage"] = _ref(image["@id"])
         if start is not None:
             action["startTime"] = iso(start)
         if end is not None:
@@ -422,13 +505,17 @@ def build_crate(
         person,
         org,
         *software,
+        *([image] if image is not None else []),
         *entities.values(),
         ckpt_entity,
         *inputs,
         *actions,
         *extra,
     ]
-    return {"@context": [f"{RO_CRATE}/context", {"environment": WFRUN_ENVIRONMENT}], "@graph": graph}
+    terms = {"environment": WFRUN_ENVIRONMENT}
+    if image is not None:
+        terms.update({t: WFRUN + t for t in _CONTAINER_TERMS})
+    return {"@context": [f"{RO_CRATE}/context", terms], "@graph": graph}
 
 
 DERIVED_ORG = "#organisation"
@@ -550,6 +637,7 @@ def preview_html(crate: tp.Mapping[str, tp.Any], record: tp.Mapping[str, tp.Any]
     jobs = [e for e in crate["@graph"] if e.get("@type") == "OrganizeAction"]
     files = [e for e in crate["@graph"] if e.get("@type") == "File"]
     software = [e for e in crate["@graph"] if e.get("@type") == "SoftwareApplication"]
+    images = [e for e in crate["@graph"] if e.get("@type") == "ContainerImage"]
     status = {COMPLETED: "completed", FAILED: "failed"}
     ck = record["checkpoint"]
     approvals = record.get("approvals") or {}
@@ -569,6 +657,7 @@ def preview_html(crate: tp.Mapping[str, tp.Any], record: tp.Mapping[str, tp.Any]
                 ("Checkpoint", f"step {ck['step']} · MANIFEST.json sha256 {ck['manifest_sha256']}"),
                 ("Approvals", f"{approvals.get('entries', 0)} entries · head {approvals.get('head') or '-'}"),
                 ("Conforms to", f"{RO_CRATE} · {PROFILE}"),
+                *[("Container image", f"{c.get('name')} · {c.get('description')}") for c in images],
             ],
         ),
         "<h2>Attempts (one CreateAction each)</h2>",

@@ -21,6 +21,9 @@ On the login node, without torch, in this order (nothing is written before the c
    the entry arguments that named the old input files (or paths inside the old run directory) rewritten, through
    the normal path (:func:`hpctrain.submit.cli.main`): flags given here override, ``--cluster``, ``--follow``
    and the rest work as in ``hpctrain.submit``;
+   a containerised run is submitted with its recorded image, runtime and mounts, once the image's digest now
+   (:func:`hpctrain._container.image_record`, what submit recorded) equals the identity's: a different one is
+   one line naming both, exit 2, nothing submitted, unless ``--accept-image-digest`` (then the record says so);
 6. ``--from-checkpoint``: the bundled checkpoint is hard-linked (or copied) into the new run's checkpoint
    directory and verified, so the Trainer resumes from it; ``--steps K`` replays K steps from it (entries that
    take ``--steps`` as the **total** step count get the bundled step + K);
@@ -66,6 +69,9 @@ settings, and compare the loss of every recorded interval with the reproduction'
   python -m hpctrain reproduce run BUNDLE --data PATH... --from-checkpoint  # resume from the bundled checkpoint
   python -m hpctrain reproduce run BUNDLE --data PATH... --steps K          # replay K steps from it and compare
   python -m hpctrain reproduce compare RUN_DIR [--json]                     # compare a reproduction that ended
+
+A run that ran in a container is resubmitted with the same image, runtime and mounts; an image whose digest
+differs from the recorded one is refused unless --accept-image-digest.
 
 `reproduce BUNDLE ...` is short for `reproduce run BUNDLE ...` when BUNDLE exists and is not "run" or
 "compare" (a bundle named "compare": `reproduce run compare ...`, or ./compare).
@@ -123,6 +129,11 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="REL",
         help="relative loss difference accepted (default 0: bit-exact, what CPU runs give)",
+    )
+    p.add_argument(
+        "--accept-image-digest",
+        action="store_true",
+        help="a container image whose digest differs from the recorded one: reproduce with it anyway (recorded)",
     )
     add_json_flag(p)
     group = p.add_argument_group("submit flags (as python -m hpctrain.submit; they override the recorded settings)")

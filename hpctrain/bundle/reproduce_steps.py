@@ -199,6 +199,7 @@ class Reproduction:
                     f"world size {final.world_size} differs from {label}'s {n}: the loss is not expected to match "
                     "bit for bit"
                 )
+        self._image(opened, final)  # a container job: the image's digest now against the recorded one
 
         # --- environment
         env = envdiff.environment_diff(
@@ -310,6 +311,82 @@ class Reproduction:
         return EXIT_FAILED if result is not None and not result["ok"] else EXIT_OK
 
     # --------------------------------------------------------------------------------- pieces
+    def _image(self, opened: unpack.Opened, final: tp.Any) -> None:
+        """A container job is resubmitted with the recorded image, runtime and mounts (the recorded settings); before
+        anything is written, the image's digest now (:func:`hpctrain._container.image_record`, the function submit
+        recorded it with) must equal the submit identity's: another digest is one UsageError line naming both
+        (exit 2, nothing submitted) unless ``--accept-image-digest``, and then the report and the record say so. A
+        missing image or runtime is submit's own line. With ``--dry-run`` each is a note (the script is shown)."""
+        from rich.markup import escape
+
+        from hpctrain._container import check_image, check_runtime, image_record
+
+        doc = read_json(opened.layout.identity_submit, []) if opened.layout.identity_submit.is_file() else None
+        recorded = (doc or {}).get("container") if isinstance((doc or {}).get("container"), dict) else None
+        if not final.container:
+            if recorded:
+                self.note(
+                    f"the recorded run ran in the image {recorded.get('image')} ({recorded.get('runtime')}), but its "
+                    "submitted settings name no container: this reproduction runs without one"
+                )
+            return
+        image, runtime = str(final.container), str(final.container_runtime)
+        try:
+            check_image(runtime, image)
+            check_runtime(runtime)
+            now = image_record(runtime, image, [])
+        except UsageError as exc:
+            if not self.dry_run:
+                raise
+            self.note(f"{exc} (a real reproduction stops here)")
+            now = {"digest": None}
+        old = recorded.get("digest") if recorded else None
+        digest = now.get("digest")
+        accept = bool(getattr(self.opts, "accept_image_digest", False))
+        if recorded is None:
+            status = "not recorded"
+        elif old is None and digest is None:
+            status = "unknown"
+        elif old == digest:
+            status = "same"
+        else:
+            status = "differs, accepted" if accept else "differs"
+        info = {
+            "image": image,
+            "runtime": runtime,
+            "mounts": list(final.container_mounts or []),
+            "recorded_image": recorded.get("image") if recorded else None,
+            "recorded_digest": old,
+            "digest": digest,
+            "status": status,
+            "accepted": status == "differs, accepted",
+        }
+        self.report["container"] = info
+        if status == "differs":
+            why = (
+                f"--container {image}: its digest is now {digest}, the run recorded {old}: not the image the run "
+                "ran in; pass --accept-image-digest to reproduce with it anyway"
+            )
+            if not self.dry_run:
+                raise UsageError(why)
+            self.note(f"{why} (a real reproduction stops here)")
+            return
+        shown = f"{escape(image)} ({escape(runtime)})"
+        if status == "same":
+            self.say(f"image      {shown}: digest {escape(str(digest))}, [green]as recorded[/]")
+        elif status == "differs, accepted":
+            self.say(f"image      {shown}: digest {escape(str(digest))}")
+            self.note(
+                f"the image's digest differs from the recorded one ({old}); reproducing with it anyway "
+                "(--accept-image-digest): the loss is not expected to match bit for bit"
+            )
+        elif status == "unknown":
+            self.note(f"the image {image} is a registry reference resolved on the node: no digest to compare here")
+        else:
+            self.note(f"the run recorded no container image; this reproduction runs in {image} ({runtime})")
+        if recorded and recorded.get("image") != image:
+            self.note(f"the recorded run named the image {recorded.get('image')}; this reproduction names {image}")
+
     def _settings(
         self, opened: unpack.Opened, recorded: tp.Mapping[str, tp.Any], args: tp.Sequence[str], run: Path
     ) -> tp.Any:
@@ -349,6 +426,12 @@ class Reproduction:
             "same": same,
             "differ": differ,
         }
+        if self.report.get("container"):  # the image the reproduction's submit recorded, against the original's
+            ran = (read_json(paths.identity_submit, []) or {}).get("container") or {}
+            out["container_digest"] = {
+                "original": self.report["container"]["recorded_digest"],
+                "reproduction": ran.get("digest") if isinstance(ran, dict) else None,
+            }
         self.say(
             f"identity   this run {escape(str(out['reproduction'])[:12])}, the original "
             f"{escape(str(out['original'])[:12])}: "
@@ -473,6 +556,7 @@ class Reproduction:
                 "differing": [d for d in self.report["environment"]["distributions"] if d["status"] != "same"],
             },
             "threads": self.report.get("threads"),
+            "container": self.report.get("container"),
             "submit_toml": str(toml_path),
             "submit_flags": self.submit_argv,
             "expected": list(expected),

@@ -20,6 +20,9 @@ Checks, each reported on its own (one failing does not hide the others):
 * **crate**: ``ro-crate-metadata.json`` parses, its root lists every file, and it holds one CreateAction per
   recorded attempt (``roc-validator`` checks the rest: ``../shared/tools/rocrate-validate BUNDLE``).
 
+The report also names the image a containerised run ran in (``container``: image, runtime and version, digest,
+mounts, from ``identity/submit.json``): what ``reproduce`` checks the image's current digest against.
+
 Nothing in a bundle is executed or imported: JSON is parsed, the code snapshot is hashed, never unpacked.
 
 A bundle **tar** (``.tar``, ``.tar.gz``, ...) is streamed once, never unpacked: every member hashed as it is
@@ -176,7 +179,19 @@ def _verify_dir(root: Path, shown: Path, fmt: str, source: tp.Optional[_ArchiveS
             {k: e.get(k) for k in ("seq", "time", "decision", "by", "reason", "step", "entry_hash")} for e in entries
         ],
         "attempts": (record or {}).get("attempts") or [],
+        "container": recorded_container(lay),
     }
+
+
+def recorded_container(lay: BundleLayout) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The image the run's tasks ran in, as its submit identity recorded it (None: no container): image, runtime
+    and version, digest (None: a registry reference resolved on the node), mounts."""
+    doc = read_json(lay.identity_submit, []) if lay.identity_submit.is_file() else None
+    container = (doc or {}).get("container")
+    if not isinstance(container, dict):
+        return None
+    keys = ("image", "runtime", "version", "kind", "digest", "repo_digest", "path", "mounts")
+    return {k: container.get(k) for k in keys if k in container}
 
 
 def report_json(report: tp.Mapping[str, tp.Any]) -> str:
