@@ -108,7 +108,7 @@ def test_quick_run_reports_a_real_benchmark_and_a_failing_one_then_exits_1(tmp_p
     md = out.with_suffix(".md").read_text()
     assert md in r.stdout
     assert "| benchmark | ratio | against | goal | median | spread (min–max) | rounds | met |" in md
-    assert "| broken | — | — | — | — | failed: broken: no disk \\| left |" in md
+    assert "| broken | — | — | — | — | — | 1 | failed: broken: no disk \\| left |" in md
     assert "| identity | `start.ratio_cached_vs_ceiling` | git status (ceiling) | — |" in md
     assert "quick settings" in md and "failed: broken" in md
 
