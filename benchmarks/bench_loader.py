@@ -1,6 +1,6 @@
 """Throughput of the hpctrain HDF5 loader against the ceiling and the peer a user would write, in one run.
 
-    python benchmarks/bench_loader.py [--size-mb 256] [--workers 2] [--batch 256] [--json PATH]
+    python benchmarks/bench_loader.py [--size-mb 256] [--workers 2] [--batch 256] [--repeat 3] [--json PATH]
 
 Two variants of the same data (float32 samples (3, 32, 32) + int64 labels): contiguous uncompressed,
 and chunked (64 samples a chunk) gzip level 4. Page cache warm. For each:
@@ -11,6 +11,10 @@ and chunked (64 samples a chunk) gzip level 4. Page cache warm. For each:
   DistributedSampler(shuffle=True), same batch size and workers;
 * hpctrain: H5Loader, shuffled epoch.
 
+``--repeat N`` rounds, interleaved: each round measures ceiling, peer and hpctrain of both variants once, in
+that order, and takes the ratios within the round; the top-level ratios and ``samples_per_s`` are the medians
+over the rounds, ``spread`` has every figure's median and min-max, ``rounds`` each round's figures and the 1-min
+load average before / after it (``load_changed``: it moved by more than one core; see ``_rounds.py``).
 Rates are steady state (timed from the first batch, so worker start-up is excluded for both loaders).
 Plus: loader RSS at 10x the data / at 1x, and the data-wait fraction under a synthetic step of known
 duration. Data lives in a temp dir, removed at the end. Prints JSON. Like any user, it reaches hpctrain
@@ -34,6 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rounds  # noqa: E402
 from _common import emit  # noqa: E402
 
 from hpctrain.data import (  # noqa: E402
@@ -280,6 +285,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--budget-s", type=float, default=20.0, help="max seconds per throughput measurement")
     ap.add_argument(
+        "--repeat", type=int, default=3, help="interleaved rounds of ceiling, peer, hpctrain (median and spread)"
+    )
+    ap.add_argument(
         "--rss-base-mb",
         type=float,
         default=None,
@@ -294,6 +302,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     ap.add_argument("--json", help="also write the JSON here")
     ap.add_argument("--dir", help="where to write the data (default: a temp dir, removed afterwards)")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
     n = max(args.batch * 4, int(args.size_mb * 2**20 / SAMPLE_BYTES))
     tmp = tempfile.mkdtemp(prefix="hpctrain-bench-", dir=args.dir)
     out: tp.Dict[str, tp.Any] = {
@@ -312,18 +322,33 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         out["generate_s"] = time.perf_counter() - t0
         for p in (plain, gz):
             warm(p)
-        res: tp.Dict[str, tp.Dict[str, float]] = {}
-        for name, path, ceil in (("uncompressed", plain, ceiling_pread), ("gzip", gz, ceiling_h5)):
-            r: tp.Dict[str, tp.Any] = {"ceiling": ceil(path)}
-            r["peer"] = peer_rate(path, args.batch, args.workers, args.budget_s)
-            r["hpctrain"], summary = loader_rate(path, args.batch, args.workers, args.budget_s)
-            r["read_amplification"] = summary["read_amplification"]
-            res[name] = r
-            print(f"{name}: {json.dumps(r)}", file=sys.stderr)
-        out["samples_per_s"] = res
+
+        def one_round(i: int) -> tp.Dict[str, float]:
+            """Ceiling, peer, hpctrain of each variant, once; the ratios within this round."""
+            res: tp.Dict[str, tp.Dict[str, float]] = {}
+            for name, path, ceil in (("uncompressed", plain, ceiling_pread), ("gzip", gz, ceiling_h5)):
+                r: tp.Dict[str, tp.Any] = {"ceiling": ceil(path)}
+                r["peer"] = peer_rate(path, args.batch, args.workers, args.budget_s)
+                r["hpctrain"], summary = loader_rate(path, args.batch, args.workers, args.budget_s)
+                r["read_amplification"] = summary["read_amplification"]
+                res[name] = r
+                print(f"round {i} {name}: {json.dumps(r)}", file=sys.stderr)
+            figures = _rounds.flatten({"samples_per_s": res})
+            for name in ("uncompressed", "gzip"):
+                figures[f"{name}_vs_ceiling"] = res[name]["hpctrain"] / res[name]["ceiling"]
+                figures[f"{name}_vs_peer"] = res[name]["hpctrain"] / res[name]["peer"]
+            return figures
+
+        rounds = _rounds.report(_rounds.run_rounds(args.repeat, one_round))
+        med = {k: v["median"] for k, v in rounds["spread"].items()}
+        out["samples_per_s"] = {
+            name: {k: med[f"samples_per_s.{name}.{k}"] for k in ("ceiling", "peer", "hpctrain", "read_amplification")}
+            for name in ("uncompressed", "gzip")
+        }
         for name in ("uncompressed", "gzip"):
-            out[f"{name}_vs_ceiling"] = res[name]["hpctrain"] / res[name]["ceiling"]
-            out[f"{name}_vs_peer"] = res[name]["hpctrain"] / res[name]["peer"]
+            for vs in ("ceiling", "peer"):
+                out[f"{name}_vs_{vs}"] = med[f"{name}_vs_{vs}"]
+        out.update(rounds)
         out["mixing"] = mixing(gz, args.batch)
         waits = {
             "uncompressed": data_wait(plain, args.batch, args.workers, args.step_ms, steps=150),

@@ -1,12 +1,16 @@
 """Checkpoint tiers benchmark: the local + partner tier vs the global tier, in one run.
 
-    python benchmarks/bench_tiers.py [--size-mb 256] [--world 4] [--ranks-per-node 2] [--repeat 2]
+    python benchmarks/bench_tiers.py [--size-mb 256] [--world 4] [--ranks-per-node 2] [--repeat 3]
         [--global-dir ./bench_out/tiers-global] [--local-dir /dev/shm/hpctrain-tiers] [--json PATH]
         [--no-overhead | --overhead-only] [--no-demo] [--step-width 512] [--overhead-every 40] ...  (--help)
 
 ``--world`` real processes on a gloo group (CPU) in simulated nodes of ``--ranks-per-node`` ranks (each its
 own local directory; ``hpctrain.ckpt.tiers.SIM_NODES_ENV``), a DDP-like replicated state of ``--size-mb``.
-Every timing is wall time between two barriers, the best of ``--repeat`` rounds. Measured:
+Every timing is wall time between two barriers. ``--repeat N`` rounds, interleaved: each round measures every
+figure below once, in the same order, and the ratios are taken within the round; the top-level times and ratios
+are the medians over the rounds, ``spread`` has every figure's median and min-max, ``rounds`` each round's
+figures and the 1-min load average before / after it (``load_changed``: moved by more than one core;
+``_rounds.py``). Measured:
 
 * ``global_save_s`` / ``local_save_s``: a blocking save to the global directory / to the local tier (own shard,
   partner exchange, replica written, every node's commit); ``local_async_block_s``: what an async local save
@@ -52,6 +56,28 @@ import typing as tp
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _rounds  # noqa: E402
+
+# the basic section's ratios, each (numerator, denominator) of times measured in the same round
+RATIOS = {
+    "local_save_vs_global": ("global_save_s", "local_save_s"),
+    "local_async_block_vs_global_save": ("local_async_block_s", "global_save_s"),
+    "restore_local_vs_global": ("restore_global_s", "restore_local_s"),
+    "restore_partner_vs_global": ("restore_global_s", "restore_partner_s"),
+}
+
+
+def basic_rounds(per_round: tp.Sequence[tp.Mapping[str, float]]) -> tp.Dict[str, tp.Any]:
+    """The basic section from its rounds' times (each with ``load_before`` / ``load_after``): every time and
+    ratio as its median over the rounds (each ratio taken within its round), plus ``_rounds.report``'s fields."""
+    rounds = []
+    for i, t in enumerate(per_round, 1):
+        figures = {k: v for k, v in t.items() if k.endswith("_s")}
+        figures.update({name: figures[a] / figures[b] for name, (a, b) in RATIOS.items()})
+        rounds.append(_rounds.Round(i, t["load_before"], t["load_after"], figures, t.get("seconds")))
+    rep = _rounds.report(rounds)
+    return {k: v["median"] for k, v in rep["spread"].items()} | rep
 
 
 def _port() -> int:
@@ -93,12 +119,15 @@ def _basic(rank: int, args: argparse.Namespace, ck: tp.Any, res: tp.Dict[str, tp
         t0 = time.perf_counter()
         fn()
         dist.barrier()
-        res[name] = min(res.get(name, float("inf")), time.perf_counter() - t0)
+        cur[name] = time.perf_counter() - t0
 
     ck.save(1, tier="global", model=_Holder(state))  # warm-up: first-save costs (buffers, layouts) in neither
     ck.save(2, tier="local", model=_Holder(state))
     step = 2
+    per_round: tp.List[tp.Dict[str, float]] = []
     for _ in range(args.repeat):
+        cur: tp.Dict[str, float] = {"load_before": _rounds.load_1min()}
+        t_round = time.perf_counter()
         step += 1
         timed("global_save_s", lambda s=step: ck.save(s, tier="global", model=_Holder(state)))
         step += 1
@@ -106,7 +135,7 @@ def _basic(rank: int, args: argparse.Namespace, ck: tp.Any, res: tp.Dict[str, tp
         step += 1
         t0 = time.perf_counter()
         ck.save(step, tier="local", model=_Holder(state), blocking=False)
-        res["local_async_block_s"] = min(res.get("local_async_block_s", float("inf")), time.perf_counter() - t0)
+        cur["local_async_block_s"] = time.perf_counter() - t0
         ck.wait()
         dist.barrier()
         plain = Checkpointer(CheckpointConfig(dir=args.global_dir, restore_mode="read_once", clean_abandoned=False))
@@ -117,6 +146,9 @@ def _basic(rank: int, args: argparse.Namespace, ck: tp.Any, res: tp.Dict[str, tp
         if rank == 0:
             shutil.rmtree(Path(args.local_dir) / "node-1", ignore_errors=True)
         timed("restore_partner_s", lambda: ck.restore(model=_target(state)))
+        cur.update(load_after=_rounds.load_1min(), seconds=round(time.perf_counter() - t_round, 2))
+        per_round.append(cur)
+    res["basic_rounds"] = per_round  # rank 0's: main() turns them into medians and spreads
     return step
 
 
@@ -372,7 +404,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p.add_argument("--size-mb", type=float, default=256.0)
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--ranks-per-node", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the basic section (median, spread)")
     p.add_argument("--global-dir", default="bench_out/tiers-global")
     p.add_argument("--local-dir", default="/dev/shm/hpctrain-tiers")
     p.add_argument("--json", type=Path, help="also write the JSON result here")
@@ -396,6 +428,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.world < 2 or args.world % args.ranks_per_node or args.world // args.ranks_per_node < 2:
         p.error("--world must be at least two nodes of --ranks-per-node ranks")
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
     if args.no_overhead and args.overhead_only:
         p.error("--no-overhead and --overhead-only exclude each other")
     counts = ("step_width", "step_layers", "step_batch", "step_threads", "overhead_steps", "overhead_saves")
@@ -439,12 +473,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     if not args.overhead_only:
-        r.update(
-            local_save_vs_global=r["global_save_s"] / r["local_save_s"],
-            local_async_block_vs_global_save=r["local_async_block_s"] / r["global_save_s"],
-            restore_local_vs_global=r["restore_global_s"] / r["restore_local_s"],
-            restore_partner_vs_global=r["restore_global_s"] / r["restore_partner_s"],
-        )
+        r.update(basic_rounds(r.pop("basic_rounds")))
     r["seconds"] = time.perf_counter() - t_main  # the whole run
     text = json.dumps(r, indent=2)
     print(text)

@@ -1,12 +1,20 @@
 """One benchmark suite: every benchmark, each against its ceiling and its peer in the same run, set against its goal.
 
-    python benchmarks/run.py [--quick] [--json PATH] [--only NAME,...] [--list] [--goals]
+    python benchmarks/run.py [--quick] [--repeat N] [--json PATH] [--only NAME,...] [--list] [--goals]
 
 Runs each benchmark of BENCHMARKS (loader, checkpoint on disk and tmpfs, submit, train, identity; the GPU
 checks when this machine has a GPU) one after the other, each as a subprocess with ``--json`` (the GPU checks:
 ``--out DIR``), its own defaults (the reference settings) or, with ``--quick``, its smallest meaningful ones.
 The ratios the benchmarks print (each measured against its ceiling and its peer in the same run) are collected
-into rows and compared with GOALS, the one table of goals. Writes, next to each other:
+into rows and compared with GOALS, the one table of goals.
+
+``--repeat N`` (default 3; with ``--quick`` 1): N rounds per benchmark, each measuring hpctrain, its ceiling
+and its peer once, interleaved (A B C, A B C, ...), the ratio taken per round; a row's ``measured`` is the
+median of the per-round figures (a goal is met when the median meets it) and its ``spread`` their min-max.
+How a benchmark gets its rounds is its ``rounds`` field: ``suite`` (the script run N times with
+``round_args``, the load average read around each run), ``script`` (``--repeat N`` passed on; the script
+interleaves and reports its rounds itself) or ``once``. The logic (medians, spreads, the load mark: a round
+whose 1-min load average moved by more than one core) is ``benchmarks/_rounds.py``. Writes, next to each other:
 
 * ``PATH`` (default ``bench_out/benchmarks.json``): the JSON below;
 * ``PATH`` with ``.md``: a markdown table of the rows (benchmark, ratio, against, goal, measured, met);
@@ -20,26 +28,32 @@ status (the figures are measurements on whatever machine ran them). Exit 2: bad 
 
 JSON (schema ``hpctrain.benchmarks/1``)::
 
-    {"schema": "hpctrain.benchmarks/1", "quick": bool, "argv": [...], "started_at": ISO-8601 UTC,
+    {"schema": "hpctrain.benchmarks/1", "quick": bool, "repeat": int, "argv": [...], "started_at": ISO-8601 UTC,
      "finished_at": ..., "seconds": float,
      "host": {"hostname", "platform", "python", "cpus", "load_average_1min": [at start, at end],
               "gpu": {"present": bool, "how": str, "gpus": [str]}},
      "benchmarks": {NAME: {"status": "ok" | "failed" | "skipped", "script": "benchmarks/...",
                            "argv": [...] | null, "exit_code": int | null, "seconds": float | null,
                            "error": str | null (failed/skipped: the last stderr line, or why),
-                           "files": {"json", "stdout", "stderr"} | null, "result": {...} | null}},
+                           "files": {"json", "stdout", "stderr"} | [one per round] | null,
+                           "result": {...} (rounds: each number the median over the rounds) | null,
+                           "rounds": [{"round", "load_1min": [before, after], "load_changed", "seconds",
+                                       "figures": {DOTTED KEY: number}}] | null,
+                           "spread": {DOTTED KEY: {"median", "min", "max", "values", "rounds"}} | null}},
      "rows": [{"benchmark", "metric" (dotted key into the result; null for a failed/skipped benchmark),
                "against", "unit" ("x", "%", "s", "steps/s", "bool"), "goal": {"op", "target", "source"} | null,
                "measured": number | bool | null,
                "met": true | false | null,
                "status": "met" | "not met" | "reported" | "not measured" | "failed" | "skipped" | "ok",
-               "note": str | null}],
+               "note": str | null,
+               "spread": {"min", "max", "rounds", "values", "load_changed_rounds"} | null (measured once)}],
      "summary": {"benchmarks", "ok", "failed": [NAME], "skipped": [NAME], "goals", "met", "not_met": [str]}}
 
-``measured`` is the benchmark's own figure (a list there is reduced to its median); ``met`` compares it with
-the goal (``>=``, ``<=`` or ``==``); rows without a goal are ``reported``, a figure the benchmark did not print
-(e.g. the Slurm start-up without a cluster) ``not measured``. A benchmark that failed or was skipped has one row
-(``metric`` null, ``note`` why); so has one that ran but has no rows in GOALS (status ``ok``).
+``measured`` is the median over the rounds, else the benchmark's own figure (a list there: its median);
+``met`` compares it with the goal (``>=``, ``<=`` or ``==``); rows without a goal are ``reported``, a figure
+the benchmark did not print (e.g. the Slurm start-up without a cluster) ``not measured``. A benchmark that
+failed or was skipped has one row (``metric`` null, ``note`` why); so has one that ran but has no rows in
+GOALS (status ``ok``).
 
 Test seam: ``HPCTRAIN_BENCH_EXTRA="NAME=SCRIPT[;NAME=SCRIPT...]"`` registers extra benchmarks, run after the
 others (and selectable with ``--only``) as ``python SCRIPT --json PATH``, without goals: one row each, ``ok``
@@ -65,6 +79,7 @@ import typing as tp
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _rounds  # noqa: E402
 from _common import ENV, ROOT  # noqa: E402
 
 SCHEMA = "hpctrain.benchmarks/1"
@@ -82,6 +97,11 @@ class Benchmark:
     timeout_s: tp.Tuple[float, float] = (3600.0, 900.0)  # (reference, quick)
     gpu: bool = False  # runs only where a GPU is present
     out_dir: bool = False  # takes --out DIR and writes DIR/<script stem>.json (the GPU checks) instead of --json
+    # how --repeat N is honoured: "suite" (run.py runs the script N times, each run one round of every side,
+    # with ``round_args``), "script" (the script is passed ``--repeat N`` and interleaves the rounds itself,
+    # reporting them in _rounds' format), "once" (run once: its own repeats inside, or a pass/fail check)
+    rounds: str = "once"
+    round_args: tp.Tuple[str, ...] = ()
 
 
 BENCHMARKS: tp.Tuple[Benchmark, ...] = (
@@ -90,12 +110,15 @@ BENCHMARKS: tp.Tuple[Benchmark, ...] = (
         "bench_loader.py",
         "H5Loader samples/s vs the raw read ceiling and a DataLoader over h5py; RSS at 10x the data; data wait",
         quick=("--size-mb", "32", "--budget-s", "3"),
+        rounds="script",
     ),
     Benchmark(
         "checkpoint",
         "bench_checkpoint.py",
         "sync / async save and restore vs raw I/O, DCP and torch.save, on disk (./bench_out) and tmpfs (/dev/shm)",
         quick=("--size-mb", "16", "--world", "2", "--repeat", "1"),
+        rounds="suite",
+        round_args=("--repeat", "1"),  # one round per run: each run measures every side once, in the same order
     ),
     Benchmark(
         "submit",
@@ -271,6 +294,13 @@ GOALS: tp.Tuple[Goal, ...] = (
 )
 
 
+ROUNDS_HELP = {
+    "suite": "rounds: the script run N times, one interleaved round each",
+    "script": "rounds: passed to the script, which interleaves them",
+    "once": "run once (its own repeats inside)",
+}
+
+
 def goal(bench: str, key: str) -> tp.Any:
     """The target of GOALS' row ``bench``/``key`` (for a benchmark that prints its own goal)."""
     return next(g.target for g in GOALS if g.bench == bench and g.key == key)
@@ -322,13 +352,43 @@ def last_line(*texts: str) -> str:
     return ""
 
 
-def run_one(b: Benchmark, quick: bool, work: Path) -> tp.Dict[str, tp.Any]:
-    """Run one benchmark as a subprocess (its own session, so a timeout kills its children too)."""
+def run_one(b: Benchmark, quick: bool, work: Path, repeat: int = 1) -> tp.Dict[str, tp.Any]:
+    """Run one benchmark, honouring ``repeat`` as ``b.rounds`` says; the record gets ``rounds`` (each round's
+    load average before / after and figures) and ``spread`` (each figure's median and min-max over the rounds;
+    None for a benchmark run once)."""
+    if b.rounds == "suite":
+        recs, rounds = [], []
+        for i in range(1, repeat + 1):
+            before = _rounds.load_1min()
+            rec = run_proc(b, quick, work, list(b.round_args), f"{b.name}.round{i}")
+            rounds.append(_rounds.Round(i, before, _rounds.load_1min(), _rounds.flatten(rec["result"]), rec["seconds"]))
+            recs.append(rec)
+            if rec["status"] != "ok":
+                break
+        out = dict(recs[-1])
+        out["seconds"] = round(sum(r["seconds"] or 0 for r in recs), 1)
+        out["argv"] = recs[0]["argv"]
+        out["files"] = [r["files"] for r in recs]
+        if out["status"] == "ok":
+            out["result"] = _rounds.medians([r["result"] for r in recs])
+        rep = _rounds.report(rounds)
+        out["rounds"], out["spread"] = rep["rounds"], rep["spread"]
+        return out
+    extra = ["--repeat", str(repeat)] if b.rounds == "script" else list(b.round_args if b.rounds == "suite" else ())
+    rec = run_proc(b, quick, work, extra, b.name)
+    result = rec["result"] if isinstance(rec["result"], dict) else {}
+    rec["rounds"] = result.get("rounds") if b.rounds == "script" else None
+    rec["spread"] = result.get("spread") if b.rounds == "script" else None
+    return rec
+
+
+def run_proc(b: Benchmark, quick: bool, work: Path, extra: tp.Sequence[str], tag: str) -> tp.Dict[str, tp.Any]:
+    """Run one benchmark's script once as a subprocess (its own session, so a timeout kills its children too)."""
     script = Path(b.script) if os.path.isabs(b.script) else ROOT / "benchmarks" / b.script
-    files = {"json": work / f"{b.name}.json", "stdout": work / f"{b.name}.stdout", "stderr": work / f"{b.name}.stderr"}
-    args = list(b.quick if quick else ())
+    files = {"json": work / f"{tag}.json", "stdout": work / f"{tag}.stdout", "stderr": work / f"{tag}.stderr"}
+    args = [*(b.quick if quick else ()), *extra]
     if b.out_dir:
-        out = work / b.name
+        out = work / tag
         args += ["--out", str(out)]
         files["json"] = out / f"{script.stem}.json"
     else:
@@ -416,11 +476,13 @@ def make_rows(benchmarks: tp.Sequence[Benchmark], records: tp.Mapping[str, tp.An
                     "met": None,
                     "status": rec["status"],  # ok (ran; no figures to collect), failed or skipped
                     "note": rec["error"] if rec["status"] != "ok" else "ran; no figures collected",
+                    "spread": None,
                 }
             )
             continue
         for g in goals:
-            value = lookup(rec["result"], g.key)
+            spread = (rec.get("spread") or {}).get(g.key)
+            value = spread["median"] if spread else lookup(rec["result"], g.key)
             met = g.met(value)
             status = "not measured" if value is None else "reported" if g.op is None else "met" if met else "not met"
             rows.append(
@@ -434,9 +496,18 @@ def make_rows(benchmarks: tp.Sequence[Benchmark], records: tp.Mapping[str, tp.An
                     "met": met,
                     "status": status,
                     "note": None,
+                    "spread": None
+                    if not spread
+                    else {k: spread[k] for k in ("min", "max", "rounds", "values")}
+                    | {"load_changed_rounds": _marked(rec, g.key)},
                 }
             )
     return rows
+
+
+def _marked(rec: tp.Mapping[str, tp.Any], key: str) -> tp.List[int]:
+    """The rounds that measured ``key`` while the load changed by more than a core."""
+    return [r["round"] for r in rec.get("rounds") or () if r["load_changed"] and key in r["figures"]]
 
 
 def fmt_value(value: tp.Any, unit: tp.Optional[str]) -> str:
@@ -451,6 +522,21 @@ def fmt_value(value: tp.Any, unit: tp.Optional[str]) -> str:
     if unit == "steps/s":
         return f"{value:.4g} steps/s"
     return f"{value:.3g}"
+
+
+def fmt_spread(spread: tp.Optional[tp.Mapping[str, tp.Any]], unit: tp.Optional[str]) -> str:
+    """``min–max`` of a row's per-round figures; ``—`` for a figure measured once (no rounds)."""
+    if not spread:
+        return "—"
+    return _rounds.fmt_spread({**spread, "median": None}, lambda v: fmt_value(v, unit))
+
+
+def fmt_rounds(spread: tp.Optional[tp.Mapping[str, tp.Any]]) -> str:
+    """How many rounds measured a figure, and how many of them are marked (load changed by more than a core)."""
+    if not spread:
+        return "1"
+    marked = spread.get("load_changed_rounds") or []
+    return f"{spread['rounds']}" + (f" ({len(marked)} marked: {', '.join(map(str, marked))})" if marked else "")
 
 
 def fmt_goal(g: tp.Optional[tp.Mapping[str, tp.Any]], unit: tp.Optional[str]) -> str:
@@ -474,8 +560,8 @@ def markdown(report: tp.Mapping[str, tp.Any]) -> str:
         f"{'quick settings' if report['quick'] else 'reference settings'} · {host['cpus']} CPUs, load average "
         f"{load[0]:.1f} at the start, {load[1]:.1f} at the end · {gpu} · {report['seconds'] / 60:.1f} min",
         "",
-        "| benchmark | ratio | against | goal | measured | met |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| benchmark | ratio | against | goal | median | spread (min–max) | rounds | met |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report["rows"]:
         met = {"met": "yes", "not met": "**no**", "reported": "—", "not measured": "not measured", "ok": "ran"}.get(
@@ -493,11 +579,31 @@ def markdown(report: tp.Mapping[str, tp.Any]) -> str:
                     r["against"] or "—",
                     fmt_goal(r["goal"], r["unit"]),
                     fmt_value(r["measured"], r["unit"]),
+                    fmt_spread(r.get("spread"), r["unit"]),
+                    fmt_rounds(r.get("spread")),
                     met,
                 )
             )
             + " |"
         )
+    loads = [
+        f"{name}: "
+        + ", ".join(
+            f"{r['round']}: {r['load_1min'][0]:.1f}→{r['load_1min'][1]:.1f}"
+            + (" (marked)" if r["load_changed"] else "")
+            for r in rec["rounds"]
+        )
+        for name, rec in (report.get("benchmarks") or {}).items()
+        if rec.get("rounds")
+    ]
+    if loads:
+        lines += [
+            "",
+            "median: of the per-round figures (each round measures hpctrain, its ceiling and its peer once, "
+            "interleaved; the ratio is taken per round); spread: their min–max; a goal is met when the median "
+            f"meets it. 1-min load average before→after each round (marked: it moved by more than "
+            f"{_rounds.LOAD_CHANGE_CORES:g} core) — " + "; ".join(loads) + ".",
+        ]
     lines += [
         "",
         f"{s['ok']} of {s['benchmarks']} benchmarks ran"
@@ -585,10 +691,19 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         default=ROOT / "bench_out" / "benchmarks.json",
         help="where the JSON goes; the .md and .svg go next to it (default: bench_out/benchmarks.json)",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        help="rounds per benchmark: hpctrain, ceiling and peer measured once per round, interleaved; the median and "
+        "min-max of the per-round ratios are reported (default: 3, with --quick 1)",
+    )
     ap.add_argument("--only", help="comma-separated names of the benchmarks to run (default: all)")
     ap.add_argument("--list", action="store_true", help="list the benchmarks and their quick settings, run nothing")
     ap.add_argument("--goals", action="store_true", help="print the goals as a markdown table, run nothing")
     args = ap.parse_args(argv)
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    if repeat < 1:
+        ap.error("--repeat must be >= 1")
     try:
         registry = [*BENCHMARKS, *extras(os.environ.get(EXTRA_ENV))]
     except ValueError as e:
@@ -598,7 +713,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         return 0
     if args.list:
         for b in registry:
-            print(f"{b.name:12} {b.script:22} {'[GPU] ' if b.gpu else ''}{b.what}\n{'':35}--quick: {' '.join(b.quick)}")
+            print(
+                f"{b.name:12} {b.script:22} {'[GPU] ' if b.gpu else ''}{b.what}\n{'':35}--quick: {' '.join(b.quick)}"
+                f"\n{'':35}--repeat: {ROUNDS_HELP[b.rounds]}"
+            )
         return 0
     names = [b.name for b in registry]
     if len(set(names)) != len(names):
@@ -629,9 +747,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
                 "error": f"no GPU ({gpu['how']})",
                 "files": None,
                 "result": None,
+                "rounds": None,
+                "spread": None,
             }
         else:
-            records[b.name] = run_one(b, args.quick, work)
+            records[b.name] = run_one(b, args.quick, work, repeat)
         rec = records[b.name]
         took = f" ({rec['seconds']:.0f} s)" if rec["seconds"] is not None else ""
         print(f"    {rec['status']}{took}{': ' + rec['error'] if rec['error'] else ''}", file=sys.stderr, flush=True)
@@ -641,6 +761,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     report = {
         "schema": SCHEMA,
         "quick": args.quick,
+        "repeat": repeat,
         "argv": ["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])],
         "started_at": started,
         "finished_at": _now(),

@@ -50,16 +50,28 @@ def check_schema(report: tp.Mapping[str, tp.Any], names: tp.Sequence[str]) -> No
     """What benchmarks/run.py's docstring promises, key by key."""
     assert report["schema"] == "hpctrain.benchmarks/1"
     assert isinstance(report["quick"], bool) and report["argv"][:2] == ["python", "benchmarks/run.py"]
+    assert isinstance(report["repeat"], int) and report["repeat"] >= 1
     assert report["started_at"] <= report["finished_at"] and report["seconds"] >= 0
     host = report["host"]
     assert {"hostname", "platform", "python", "cpus", "load_average_1min", "gpu"} <= set(host)
     assert len(host["load_average_1min"]) == 2 and set(host["gpu"]) == {"present", "how", "gpus"}
     assert list(report["benchmarks"]) == list(names)
     for rec in report["benchmarks"].values():
-        assert set(rec) == {"status", "script", "argv", "exit_code", "seconds", "error", "files", "result"}
+        assert set(rec) == {
+            "status",
+            "script",
+            "argv",
+            "exit_code",
+            "seconds",
+            "error",
+            "files",
+            "result",
+            "rounds",
+            "spread",
+        }
         assert rec["status"] in ("ok", "failed", "skipped")
         assert (rec["error"] is None) == (rec["status"] == "ok")
-    row_keys = {"benchmark", "metric", "against", "unit", "goal", "measured", "met", "status", "note"}
+    row_keys = {"benchmark", "metric", "against", "unit", "goal", "measured", "met", "status", "note", "spread"}
     statuses = {"met", "not met", "reported", "not measured", "failed", "skipped", "ok"}
     for row in report["rows"]:
         assert set(row) == row_keys and row["status"] in statuses and row["benchmark"] in names
@@ -95,8 +107,8 @@ def test_quick_run_reports_a_real_benchmark_and_a_failing_one_then_exits_1(tmp_p
 
     md = out.with_suffix(".md").read_text()
     assert md in r.stdout
-    assert "| benchmark | ratio | against | goal | measured | met |" in md
-    assert "| broken | — | — | — | — | failed: broken: no disk \\| left |" in md
+    assert "| benchmark | ratio | against | goal | median | spread (min–max) | rounds | met |" in md
+    assert "| broken | — | — | — | — | — | 1 | failed: broken: no disk \\| left |" in md
     assert "| identity | `start.ratio_cached_vs_ceiling` | git status (ceiling) | — |" in md
     assert "quick settings" in md and "failed: broken" in md
 
@@ -115,7 +127,7 @@ def test_a_suite_whose_benchmarks_all_run_exits_0_and_bad_arguments_exit_2(tmp_p
     report = json.loads(out.read_text())
     check_schema(report, ["fine"])
     assert report["benchmarks"]["fine"]["result"] == {"x": 1}
-    assert [row["status"] for row in report["rows"]] == ["ok"] and "| fine | — | — | — | — | ran |" in r.stdout
+    assert [row["status"] for row in report["rows"]] == ["ok"] and "| fine | — | — | — | — | — | 1 | ran |" in r.stdout
 
     silent = script(tmp_path / "silent.py", "pass\n")  # exits 0 but writes no JSON: a failure too
     r = suite(tmp_path, "--only", "silent", "--json", str(out), extra=f"silent={silent}")
@@ -172,12 +184,12 @@ def test_rows_markdown_and_svg_from_recorded_results():
         "summary": {"benchmarks": 3, "ok": 2, "failed": ["loader"], "skipped": [], "goals": 17, "met": 5},
     }
     md = run.markdown(report)
-    assert "| train | `metrics_overhead_in_process` |" in md and "| ≤ 1 % | 0.75 % | yes |" in md
+    assert "| train | `metrics_overhead_in_process` |" in md and "| ≤ 1 % | 0.75 % | — | 1 | yes |" in md
     assert (
-        "| checkpoint | `disk.save_vs_raw` | raw write+fsync of the same bytes (ceiling) | ≥ 0.8 | 0.43 | **no** |"
-        in md
+        "| checkpoint | `disk.save_vs_raw` | raw write+fsync of the same bytes (ceiling) | ≥ 0.8 | 0.43 | — | 1 "
+        "| **no** |" in md
     )
-    assert "| loader | — | — | — | — | failed: Traceback: MemoryError |" in md
+    assert "| loader | — | — | — | — | — | 1 | failed: Traceback: MemoryError |" in md
     root = ET.fromstring(run.svg(report))
     bars = [r for r in root.iter(f"{SVG_NS}rect") if r.find(f"{SVG_NS}title") is not None]
     assert len(bars) == sum(r["goal"] is not None for r in rows)  # one bar per row with a goal
