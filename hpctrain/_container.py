@@ -43,6 +43,7 @@ __all__ = [
     "check_image",
     "task_wrapper",
     "relay_setup",
+    "start_orphan_guard",
     "image_record",
     "probe_node",
     "relay",
@@ -264,13 +265,53 @@ def task_wrapper(
 
 
 def relay_setup(python: str, run_dir: tp.Union[str, Path]) -> tp.List[str]:
-    """The batch script's lines (outside the container) that start the Slurm-command relay of the tasks."""
-    where = shlex.quote(str(Path(run_dir) / RELAY_DIR))
+    """The batch script's lines (outside the container) that start the Slurm-command relay of the tasks.
+
+    One directory per attempt (``RUN_DIR/.slurm-relay/<job>-r<restart>``): a task of an ended attempt whose
+    container outlived its step is never answered by the next attempt's relay (its late ``scontrol requeue`` would
+    requeue the new attempt)."""
+    where = shlex.quote(str(Path(run_dir) / RELAY_DIR)) + '/"${SLURM_JOB_ID}-r${SLURM_RESTART_COUNT:-0}"'
     return [
         "# Slurm commands stay outside the container: the tasks inside ask this relay (hpctrain._container)",
         f"export {RELAY_ENV}={where}",
-        f"{shlex.quote(python)} -m hpctrain._container relay {where} &",
+        f'{shlex.quote(python)} -m hpctrain._container relay "${RELAY_ENV}" &',
     ]
+
+
+def start_orphan_guard(environ: tp.Mapping[str, str] = os.environ, poll_s: float = 1.0) -> tp.Optional[tp.Any]:
+    """Node side, inside a container: end this process when its Slurm task process is gone.
+
+    Outside a container Slurm's SIGKILL (KillWait after the SIGTERM) ends a rank that overstays its step. Inside
+    podman the rank is a child of conmon, not of the task process (``podman run``) that Slurm kills, so it would
+    live on: training, writing to the run directory beside the next attempt. The guard watches the task process
+    (``SLURM_TASK_PID``; the containers share the host's PID namespace: ``--pid=host``, apptainer and pyxis do by
+    default) and, once it is gone, exits at once, as the SIGKILL would (a checkpoint it was writing is never
+    committed, so never loaded). Returns the thread, or None when there is nothing to watch."""
+    import threading
+
+    pid = environ.get("SLURM_TASK_PID", "")
+    if not environ.get(RELAY_ENV) or not pid.isdigit() or int(pid) == os.getpid():
+        return None
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                print(
+                    f"hpctrain: the Slurm task process {pid} of this container is gone (Slurm ended the step): "
+                    "exiting as its SIGKILL would",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(137)
+            except OSError:  # EPERM: it exists (another user's namespace view); keep watching
+                pass
+
+    thread = threading.Thread(target=watch, name="hpctrain-orphan-guard", daemon=True)
+    thread.start()
+    return thread
 
 
 def probe_node(environ: tp.MutableMapping[str, str] = os.environ) -> tp.Optional[str]:
@@ -336,7 +377,11 @@ def relay(where: tp.Union[str, Path], poll_s: float = 0.05) -> None:
         path = where / "bin" / name
         path.write_text(_forwarder(name))
         path.chmod(0o755)
-    shield = {signal.SIGTERM, signal.SIGINT, signal.SIGCONT, signal.SIGUSR2, signal.SIGHUP}
+    # Deaf to the job's signals for its whole life: a requeue or a node failure SIGTERMs the batch script while the
+    # survivors inside still need their attribution, exclusion and requeue answered (outside a container they run
+    # those themselves until KillWait). Slurm ends the relay with the job's other processes (SIGKILL).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
     while True:
         for req in sorted((where / "req").glob("*.json")):
             try:
@@ -344,17 +389,13 @@ def relay(where: tp.Union[str, Path], poll_s: float = 0.05) -> None:
                 req.unlink()
             except (OSError, ValueError, KeyError):
                 continue
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, shield)
-            try:
-                answer = _run_relayed(argv)
-                _write_json(where / "ans" / req.name, answer)
-                try:  # what ran outside for the tasks, one line each (RUN_DIR/.slurm-relay/log)
-                    with open(where / "log", "a") as log:
-                        log.write(json.dumps({"time": time.time(), "argv": argv, "rc": answer["rc"]}) + "\n")
-                except OSError:
-                    pass
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            answer = _run_relayed(argv)
+            _write_json(where / "ans" / req.name, answer)
+            try:  # what ran outside for the tasks, one line each (RUN_DIR/.slurm-relay/<attempt>/log)
+                with open(where / "log", "a") as log:
+                    log.write(json.dumps({"time": time.time(), "argv": argv, "rc": answer["rc"]}) + "\n")
+            except OSError:
+                pass
         time.sleep(poll_s)
 
 

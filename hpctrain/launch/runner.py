@@ -107,11 +107,12 @@ class Runner:
         signals = StopSignals().install()
         # Inside a container without the Slurm client: every Slurm command hpctrain runs from here on (requeue,
         # exclusion, attribution, time left) is answered outside by the batch script's relay (hpctrain._container).
-        from hpctrain._container import probe_node
+        from hpctrain._container import probe_node, start_orphan_guard
 
         probe = probe_node()
         if probe is not None:
             print(probe, file=sys.stderr, flush=True)
+        start_orphan_guard()  # inside a container: a rank never outlives the Slurm task that started it
         # Before torch loads (c10 reads it once): c10d warns about every peer whose reverse DNS fails
         # (common on clusters, and in the dev cluster's namespaces). The one place hpctrain sets it.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

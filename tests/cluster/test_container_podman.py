@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.nodes import failed_node, rank_host
 from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_preemption import BATCH, ENTRY, SAMPLES, STEPS, _calls, _exits, _starts, _wait
 from tests.cluster.test_slurm_ddp import ENV, ROOT, model_digest, wait_final
@@ -36,10 +37,21 @@ def image():
     return out.stdout.split(), conf
 
 
-def _submit(run_dir: Path, args, *, constraint: str, partition: str, container=(), conf: str = "") -> str:
+def _submit(
+    run_dir: Path,
+    args,
+    *,
+    constraint: str,
+    partition: str,
+    container=(),
+    conf: str = "",
+    nodes: int = 2,
+    time_: str = "10",
+) -> str:
+    where = ["--constraint", constraint] if constraint else []  # no constraint: any node of the partition
     proc = subprocess.run(
-        [sys.executable, "-m", "hpctrain.submit", "--nodes", "2", "--tasks-per-node", "2", "--time", "10",
-         "--partition", partition, "--constraint", constraint, "--max-requeues", "4", "--job-name", run_dir.name,
+        [sys.executable, "-m", "hpctrain.submit", "--nodes", str(nodes), "--tasks-per-node", "2", "--time", time_,
+         "--partition", partition, *where, "--max-requeues", "4", "--job-name", run_dir.name,
          "--entry", ENTRY, "--run-dir", str(run_dir), *container, "--", *args],
         cwd=ROOT, env=dict(ENV, CONTAINERS_CONF=conf) if conf else ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -78,8 +90,60 @@ def test_demo_in_podman_preempted_twice_resumes_bit_exact(image, tmp_path):
     assert err.count("no scontrol in the container; Slurm commands run outside") >= 4 * 3, err[-2000:]
     identity = json.loads((ctr_dir / "identity" / "submit.json").read_text())["container"]
     assert identity["runtime"] == "podman" and identity["digest"].startswith("sha256:")
-    assert str(tmp_path) in identity["mounts"] and os.path.isdir(ctr_dir / ".slurm-relay" / "bin")
-    relayed = [json.loads(line)["argv"][0] for line in (ctr_dir / ".slurm-relay" / "log").read_text().splitlines()]
+    # one relay directory per attempt: a container outliving its step is never answered by the next attempt's relay
+    attempts = sorted(p.name for p in (ctr_dir / ".slurm-relay").iterdir())
+    assert attempts == [f"{job}-r{r}" for r in range(3)] and os.path.isdir(
+        ctr_dir / ".slurm-relay" / attempts[0] / "bin"
+    )
+    logs = [ctr_dir / ".slurm-relay" / a / "log" for a in attempts]  # an attempt that asked nothing has none
+    relayed = [json.loads(line)["argv"][0] for log in logs if log.exists() for line in log.read_text().splitlines()]
     assert "squeue" in relayed, relayed  # the deciding rank's Slurm view came from outside the container
     for high in highs:
         assert wait_final(high, timeout=60) == "COMPLETED"
+
+
+def test_time_limit_and_a_failed_node_inside_podman_end_as_they_do_outside(image, tmp_path):
+    """The two other paths that ask Slurm from the node: the time-limit warning (USR2 from sbatch --signal, then the
+    save and the requeue) and a failed node (the survivors' attribution, the exclusion through scontrol). Both run
+    at once, inside the image, and end as tests/cluster/test_preemption.py and test_node_failure.py see them end
+    outside: requeued by the same causes, the failed node excluded, resumed at the committed step."""
+    flags, conf = image
+    data = tmp_path / "data.h5"
+    write_data(data, SAMPLES)
+    common = ["--data", str(data), "--batch", str(BATCH), "--steps", str(STEPS)]
+    container = [*flags, "--container-mounts", str(tmp_path)]
+    limit_dir, fail_dir = tmp_path / "limit", tmp_path / "fail"
+    # --time 2 and 0.5 s a step (80 s of steps): the warning (15-75 s before the end) comes before the last step
+    limit = _submit(limit_dir, [*common, "--sleep", "0.5"], constraint="steady", partition="debug", nodes=1,
+                    time_="2", container=container, conf=conf)  # fmt: skip
+    # no constraint: after the exclusion the requeued job needs two of the three other nodes
+    fail = _submit(fail_dir, [*common, "--sleep", "0.1", "--ckpt-every", "20"], constraint="", partition="debug",
+                   time_="5", container=container, conf=conf)  # fmt: skip
+    try:
+        _wait("25 steps", lambda: len(_calls(fail_dir, 0)) >= 25, timeout=300)
+        host = rank_host(fail_dir, fail, 0, 3)
+        with failed_node(host):
+            (ex,) = _wait("the exit record", lambda: _exits(fail_dir), timeout=90)
+        assert ex["cause"] == "node_failure" and ex["requeued"] and ex["failed_nodes"] == [host], ex
+        assert host in ex["excluded_nodes"], ex
+        assert wait_final(fail, timeout=300) == "COMPLETED", (fail_dir / "logs" / f"{fail}_0_log.err").read_text()[
+            -3000:
+        ]
+        assert f"ExcNodeList={host}" in subprocess.run(["scontrol", "show", "job", fail], capture_output=True,
+                                                       text=True).stdout  # fmt: skip
+        second = [s for s in _starts(fail_dir) if s["restart_count"] == 1][0]
+        assert host not in second["hosts"] and second["resumed_from_step"] == ex["committed_step"] == ex["agreed_step"]
+
+        assert wait_final(limit, timeout=480) == "COMPLETED", (limit_dir / "logs" / f"{limit}_0_log.err").read_text()[
+            -3000:
+        ]
+        exits = _exits(limit_dir)
+        stops = [e for e in exits if e["cause"] != "finished"]
+        assert stops and all(e["cause"] == "time_limit" and e["requeued"] for e in stops), exits
+        assert all(e["agreed_step"] == e["committed_step"] for e in stops)
+        assert [s["resumed_from_step"] for s in _starts(limit_dir)[1:]] == [e["committed_step"] for e in stops]
+    finally:
+        subprocess.run(["scancel", limit, fail], capture_output=True)
+    for d, job in ((limit_dir, limit), (fail_dir, fail)):  # both inside the image, Slurm asked from outside
+        err = (d / "logs" / f"{job}_0_log.err").read_text()
+        assert "no scontrol in the container; Slurm commands run outside" in err, err[-2000:]

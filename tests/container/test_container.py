@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -187,10 +188,55 @@ def test_relay_runs_slurm_commands_outside_and_only_them(tmp_path, monkeypatch):
         while "rc" not in box and time.monotonic() < deadline:
             time.sleep(0.05)
         assert box["rc"] == 2
+        # a requeue or a node failure SIGTERMs the batch script: the relay keeps answering the survivors
+        relay.send_signal(signal.SIGTERM)
+        out = subprocess.run(["scontrol", "show", "job"], env=inside, capture_output=True, text=True, timeout=30)
+        assert (out.returncode, out.stdout) == (3, "outside: show job\n") and relay.poll() is None
     finally:
-        relay.terminate()
+        relay.kill()  # as Slurm ends it, with the job's other processes
         relay.wait(10)
     assert [json.loads(line)["argv"] for line in (where / "log").read_text().splitlines()] == [
         ["scontrol", "requeue", "42"],
         ["rm", "-rf", "/"],
+        ["scontrol", "show", "job"],
     ]
+
+
+def test_each_attempt_has_its_own_relay_directory(tmp_path):
+    """A task of attempt 0 whose container outlived its step asks attempt 0's relay (gone), never attempt 1's."""
+    script = "\n".join(["set -e", *_container.relay_setup("true", tmp_path), 'echo "$HPCTRAIN_SLURM_RELAY"'])
+    seen = [
+        subprocess.run(["bash", "-c", script], env=dict(os.environ, SLURM_JOB_ID="7", **extra), capture_output=True,
+                       text=True, check=True).stdout.strip()
+        for extra in ({}, {"SLURM_RESTART_COUNT": "1"})
+    ]  # fmt: skip
+    assert seen == [f"{tmp_path}/.slurm-relay/7-r0", f"{tmp_path}/.slurm-relay/7-r1"]
+
+
+def test_orphan_guard_ends_a_rank_whose_task_process_is_gone(tmp_path):
+    """Inside podman a rank is conmon's child: when Slurm kills the task process (podman run), the guard ends it."""
+    task = subprocess.Popen(["sleep", "600"])
+    code = (
+        "import os, sys, time\n"
+        "from hpctrain import _container\n"
+        f"assert _container.start_orphan_guard({{'SLURM_TASK_PID': '{task.pid}', _container.RELAY_ENV: 'x'}}, 0.05)\n"
+        "print('guarded', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    rank = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert rank.stdout.readline() == "guarded\n"
+        time.sleep(0.3)
+        assert rank.poll() is None  # the task lives: the rank too
+        task.kill()
+        task.wait(10)
+        assert rank.wait(20) == 137
+        assert "Slurm task process" in rank.stderr.read()
+    finally:
+        for p in (task, rank):
+            if p.poll() is None:
+                p.kill()
+    # nothing to watch outside a container, or without a task pid
+    assert _container.start_orphan_guard({"SLURM_TASK_PID": str(task.pid)}) is None
+    assert _container.start_orphan_guard({_container.RELAY_ENV: "x"}) is None
