@@ -116,8 +116,9 @@ def test_time_limit_and_a_failed_node_inside_podman_end_as_they_do_outside(image
     # --time 2 and 0.5 s a step (80 s of steps): the warning (15-75 s before the end) comes before the last step
     limit = _submit(limit_dir, [*common, "--sleep", "0.5"], constraint="steady", partition="debug", nodes=1,
                     time_="2", container=container, conf=conf)  # fmt: skip
-    # no constraint: after the exclusion the requeued job needs two of the three other nodes
-    fail = _submit(fail_dir, [*common, "--sleep", "0.1", "--ckpt-every", "20"], constraint="", partition="debug",
+    # no constraint: after the exclusion the requeued job needs two of the three other nodes; 0.25 s a step leaves
+    # ~34 s of steps after step 25 for the node failure to land (0.1 s lost that race under load: 13 s)
+    fail = _submit(fail_dir, [*common, "--sleep", "0.25", "--ckpt-every", "20"], constraint="", partition="debug",
                    time_="5", container=container, conf=conf)  # fmt: skip
     try:
         _wait("25 steps", lambda: len(_calls(fail_dir, 0)) >= 25, timeout=300)
