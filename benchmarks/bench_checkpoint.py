@@ -372,6 +372,8 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
                 "dcp_save": gb / m["dcp_save_s"],
                 "torch_save_rank0": gb / m["torch_save_s"],
                 "raw_read_per_rank": gb / m["raw_read_s"],
+                # the read-once ceiling's rate (1/world read + the all_gather): hpctrain_restore / it = restore_vs_raw
+                "raw_read_once": gb / m["raw_read_once_s"],
                 "hpctrain_restore": gb / m["hp_restore_s"],
                 "dcp_load": gb / m["dcp_load_s"],
             },
