@@ -139,6 +139,14 @@ BENCHMARKS: tp.Tuple[Benchmark, ...] = (
         quick=("--files", "1000", "--data-gb", "0.25", "--repeats", "2"),
     ),
     Benchmark(
+        "compile",
+        "bench_compile.py",
+        "a restart with torch.compile: warm (the run directory's cache) vs cold (a new node) vs eager",
+        quick=("--hidden", "64", "--layers", "1"),
+        timeout_s=(1800.0, 900.0),
+        rounds="script",
+    ),
+    Benchmark(
         "gpu_ckpt",
         "gpu_check_ckpt.py",
         "GPU: an async save of GPU state changed around it restores bit for bit; pinned arena size",
@@ -203,6 +211,7 @@ _CKPT = "issue 3 · [checkpoint.md](checkpoint.md#measured)"
 _SUBMIT = "issue 2 · [submit.md](submit.md#measured)"
 _TRAIN = "issue 9 · [train.md](train.md#measured)"
 _IDENTITY = "issue 19 · [bundle.md](bundle.md#measured)"
+_COMPILE = "issue 32 · [preemption.md](preemption.md#a-warm-compile-on-restart)"
 _AMPLIFICATION = "issue 11 · [checkpoint.md](checkpoint.md#measured)"
 _GPU = {
     "gpu_ckpt": "issue 12 · [checkpoint.md](checkpoint.md#gpu-notes)",
@@ -290,6 +299,16 @@ GOALS: tp.Tuple[Goal, ...] = (
     Goal("identity", "start.ratio_cached_vs_ceiling", "git status (ceiling)"),
     Goal("identity", "start.cached_s", "a restart's capture, content tier cached", unit="s"),
     Goal("identity", "full_hash.cold.ratio", "sha256sum of the whole file, cold (peer)"),
+    Goal(
+        "compile",
+        "warm_vs_cold",
+        "the same restart compiling cold (a new node's empty cache)",
+        "<=",
+        0.8,
+        "x",
+        _COMPILE,
+    ),  # fmt: skip
+    Goal("compile", "warm_vs_eager", "the same restart without compile (ceiling)"),
     *(Goal(b, "ok", "every assertion of the check held", "==", True, "bool", source) for b, source in _GPU.items()),
 )
 

@@ -27,6 +27,7 @@ through its public API; what a run directory *says* (its attempts, its checkpoin
     RUN_DIR/identity/data-cache.json            content-tier data fingerprints, keyed by their cheap tier
     RUN_DIR/capacity/allreduce.json             a calibration run's all-reduce timings (hpctrain.capacity)
     RUN_DIR/approvals.jsonl                     the append-only, hash-chained approval log
+    RUN_DIR/cache/compile/                      torch.compile's caches (Inductor), shared by every attempt
 
 Records are read through :func:`read_json` and :func:`read_jsonl`, which never block on a FIFO, never
 follow a record into ``/dev/zero``, and read at most a bounded number of bytes: the login-node tools
@@ -239,6 +240,13 @@ class RunDir:
     def tensorboard(self) -> Path:
         """``python -m hpctrain export-tensorboard``'s default output: a TensorBoard log directory."""
         return self.root / "tensorboard"
+
+    @property
+    def compile_cache(self) -> Path:
+        """``torch.compile``'s on-disk caches (``TORCHINDUCTOR_CACHE_DIR``: Inductor's FX-graph and AOTAutograd
+        caches) when ``TrainConfig.parallel.compile``: in the run directory, not torch's node-local default
+        (``/tmp/torchinductor_$USER``), so that a requeued attempt on other nodes compiles warm."""
+        return self.root / "cache" / "compile"
 
     @property
     def reproduced_code(self) -> Path:

@@ -93,6 +93,11 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
         help="recompute the blocks' activations in backward: none, full, or every K-th block",
     )
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each block; its cache lives in the run directory (a requeue compiles warm)",
+    )
+    p.add_argument(
         "--lr", type=float, help="SGD learning rate (default: 0.5 with --data, 0.05 for the synthetic regression)"
     )
     p.add_argument("--seed", type=int, default=0)
@@ -183,7 +188,9 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         metrics=MetricsConfig(enabled=not opts.no_metrics, display=not opts.quiet),
         accept_data_change=opts.accept_data_change,
         tensorboard=opts.tensorboard,
-        parallel=ParallelConfig(mode=opts.parallel, activation_checkpoint=opts.activation_checkpoint),
+        parallel=ParallelConfig(
+            mode=opts.parallel, activation_checkpoint=opts.activation_checkpoint, compile=opts.compile
+        ),
     )
     local_batch = opts.batch_size // ctx.world_size
 

@@ -206,6 +206,11 @@ class ParallelConfig:
     integer k (every k-th block). Any mode; the blocks are those ``wrap`` names."""
     compile: bool = False
     """``torch.compile`` each block (before sharding)."""
+    compile_cache: tp.Optional[str] = "run"
+    """Where ``compile``'s on-disk caches live (Inductor's FX-graph and AOTAutograd caches): 'run' = the run
+    directory (``RunDir.compile_cache``), so a requeued attempt on other nodes compiles warm; a path = that
+    directory (e.g. one shared by a project's runs); None = torch's default (node-local
+    ``/tmp/torchinductor_$USER``). A ``TORCHINDUCTOR_CACHE_DIR`` set in the job's environment wins."""
     meta_init: bool = False
     """Build the model on the meta device (no memory), shard it, then materialise each rank's shards
     (``to_empty``) and initialise them with ``init_weights``; a restore then overwrites them."""
@@ -230,6 +235,9 @@ class ParallelConfig:
                 check_choice(self, name, getattr(self, name), PARAM_DTYPES)
         for name in ("cpu_offload", "reshard_after_forward", "compile", "meta_init"):
             check_bool(self, name, getattr(self, name))
+        check_str(self, "compile_cache", self.compile_cache, none_ok=True, hint="'run', a directory, or None")
+        if self.compile_cache == "":
+            raise UsageError("TrainConfig.parallel.compile_cache='' names no directory: use 'run', a path, or None")
         ac = self.activation_checkpoint
         if not (ac in ("none", "full") or (isinstance(ac, int) and not isinstance(ac, bool) and ac >= 1)):
             raise UsageError(

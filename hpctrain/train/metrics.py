@@ -213,7 +213,9 @@ def count_flops(fn: tp.Callable[[], tp.Any]) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with counter:
+    # eager for this one call: under a dispatch mode Dynamo cannot trace a compiled block and marks its code
+    # "skip" for good, so TrainConfig.parallel.compile would silently never compile (the step after still does)
+    with torch.compiler.set_stance("force_eager"), counter:
         fn()
     return float(counter.get_total_flops())
 

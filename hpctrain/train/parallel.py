@@ -27,14 +27,33 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import os
 import typing as tp
+from pathlib import Path
 
 import torch
 
 from hpctrain.errors import UsageError
+from hpctrain.rundir import RunDir
 from hpctrain.train.config import ParallelConfig
 
-__all__ = ["Wrapped", "build_model", "find_blocks", "build_mesh", "grad_sync", "attach_fsdp_timing", "is_fsdp"]
+__all__ = [
+    "Wrapped",
+    "build_model",
+    "find_blocks",
+    "build_mesh",
+    "grad_sync",
+    "attach_fsdp_timing",
+    "is_fsdp",
+    "compile_cache_dir",
+    "use_compile_cache",
+]
+
+# torch reads it whenever Inductor asks for its cache directory (cache_dir_utils.cache_dir), and the first ask
+# writes torch's default into it (importing torch._dynamo asks): the job's own value is the one seen when this
+# module was first imported, before any compile
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+_JOB_COMPILE_CACHE = os.environ.get(COMPILE_CACHE_ENV) or None  # empty names nothing (torch would take the cwd)
 
 
 class Wrapped(tp.NamedTuple):
@@ -113,6 +132,45 @@ def apply_block_options(blocks: tp.Sequence[torch.nn.Module], cfg: ParallelConfi
             _checkpointed(block)
         if cfg.compile:
             block.compile()
+
+
+def compile_cache_dir(cfg: ParallelConfig, run_dir: tp.Optional[os.PathLike]) -> tp.Optional[Path]:
+    """Where ``cfg.compile``'s caches go (``ParallelConfig.compile_cache``): None = torch's default."""
+    if not cfg.compile or cfg.compile_cache is None:
+        return None
+    if cfg.compile_cache == "run":
+        return RunDir(run_dir).compile_cache if run_dir is not None else None
+    return Path(cfg.compile_cache).expanduser()
+
+
+def use_compile_cache(path: tp.Optional[Path]) -> tp.Optional[tp.Tuple[Path, int]]:
+    """Point Inductor's caches at ``path`` (unless the job's environment named a directory) before the first
+    compile; returns the directory in use and how many files it held (0: this attempt compiles cold; at most
+    1000 are counted).
+    Inductor writes its entries atomically (a temporary file, then a rename), so every rank of every attempt
+    shares one directory."""
+    if path is None:
+        return None
+    chosen = Path(_JOB_COMPILE_CACHE) if _JOB_COMPILE_CACHE else path
+    try:
+        chosen.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"TrainConfig.parallel.compile_cache: cannot create {chosen} ({e.strerror}); "
+            "name a writable directory, or None for torch's default"
+        ) from None
+    os.environ[COMPILE_CACHE_ENV] = str(chosen)
+    return chosen, _count_files(chosen, limit=1000)
+
+
+def _count_files(root: Path, *, limit: int) -> int:
+    """Files under ``root``, counted up to ``limit`` (a shared cache can hold many: this is for one log line)."""
+    n = 0
+    for _, _, files in os.walk(root):
+        n += len(files)
+        if n >= limit:
+            return limit
+    return n
 
 
 def local_world_size(ctx: tp.Any, world_size: int) -> int:

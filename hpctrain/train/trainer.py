@@ -35,7 +35,7 @@ from hpctrain.train.evaluation import EvalResult, Evaluator
 from hpctrain.train.ledger_records import AttemptProgress, AttemptRecords
 from hpctrain.train.memory import state_bytes
 from hpctrain.train.metrics import MetricsRecorder, count_flops
-from hpctrain.train.parallel import build_model, grad_sync, local_world_size
+from hpctrain.train.parallel import build_model, compile_cache_dir, grad_sync, local_world_size, use_compile_cache
 from hpctrain.train.provenance import record_training_identity
 from hpctrain.train.saving import Saver
 from hpctrain.train.stopping import Stopping, StopSignal
@@ -222,6 +222,10 @@ class Trainer:
         parameters (its shards under fsdp), scheduler and (fp16) grad scaler, and this rank's loader."""
         cfg = self.config
         _seed_everything(cfg.seed)
+        cache = use_compile_cache(compile_cache_dir(cfg.parallel, self.run_dir))
+        if cache is not None and self.rank == 0:  # a requeue on other nodes finds what the last attempt compiled
+            held = f"warm: {cache[1]}{'+' if cache[1] >= 1000 else ''} files" if cache[1] else "cold: empty"
+            print(f"hpctrain: torch.compile cache {cache[0]} ({held})", flush=True)
         model, module, mesh = build_model(
             self.model_factory,
             cfg.parallel,
