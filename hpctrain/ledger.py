@@ -14,12 +14,11 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 import typing as tp
 
 from hpctrain.rundir import LEDGER_SCHEMA, RunDir, append_jsonl_atomic, read_jsonl
 
-__all__ = ["Ledger", "process_start_time"]
+__all__ = ["Ledger"]
 
 # Two threads of one rank may append at once (the Trainer's end record while the hang watchdog's thread writes
 # the exit record); each append rewrites the file, so without the lock one of the two records is lost.
@@ -79,17 +78,3 @@ class Ledger:
         if not ends:
             return after, None, None
         return after, _number(ends[-1]["last_save_s"]), _number(ends[-1].get("step_s")) or 0.0
-
-
-def process_start_time() -> float:
-    """Wall-clock time this process started (Linux: /proc), so that the ledger can say how long the
-    start-up took (interpreter, imports, rendezvous, restore) before the first step. Falls back to now."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start_ticks = int(fields[19])  # field 22 of stat(5); the split starts at field 3
-        with open("/proc/stat", "rb") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
-        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()

@@ -17,7 +17,8 @@ every reader (``status``, ``report``, ``bundle``, ``capacity``, ``approve``, ``r
   that has no exit yet (an exit without a restart count: the newest attempt without an exit), else the
   newest attempt when that is an end without a start (which takes the exit's name); otherwise it is an
   attempt of its own, without a start (an entry that died before the Trainer's start record);
-* ``in_job_restart`` records are not attempts: the restarted step writes its own ``start``.
+* ``in_job_restart`` records are not attempts: the restarted step writes its own ``start``;
+* a ``startup`` (the Trainer's, after the first step) belongs to the newest attempt of its key that has a start.
 
 A start without an end or exit is an attempt that runs still, or died (:attr:`Attempt.status`: ``killed``
 when a later attempt exists); an attempt without a start is still counted (:attr:`Attempt.started` False).
@@ -165,6 +166,9 @@ class Attempt:
     attempt ran in the same Slurm run: an in-job restart, so the state is not this attempt's)."""
     slurm_unavailable: tp.Optional[str] = None
     """Why Slurm's view could not be had (no sacct, accounting disabled), when it was asked for."""
+    startup: tp.Optional[tp.Dict[str, tp.Any]] = None
+    """The ``startup`` record written after the attempt's first step (read with
+    :func:`hpctrain.runtime.startup.recorded`, beside :attr:`start`)."""
 
     @property
     def key(self) -> tp.Tuple[str, tp.Optional[int]]:
@@ -316,6 +320,10 @@ def attempts(
                 opened["end"] = dict(rec)
             else:
                 out.append({"job_id": key[0], "restart_count": key[1], "end": dict(rec)})
+        elif event == "startup":
+            opened = next((a for a in reversed(out) if a.get("start") is not None), None)
+            if opened is not None and (opened["job_id"], opened["restart_count"]) == key:
+                opened["startup"] = dict(rec)
         elif event == "exit":
             owner = next(
                 (

@@ -100,8 +100,10 @@ class Runner:
         code_path = self.settings.code_path
         if code_path and sys.path[:1] != [code_path]:
             sys.path.insert(0, code_path)
+        from hpctrain.runtime import startup
         from hpctrain.runtime.preemption import StopSignals
 
+        startup.mark("interpreter", started)  # the start-up profile's first phase: OS process start -> here
         # First, before the slow imports and the rendezvous: a signal during start-up is recorded, not lost
         # or fatal, and submitit's own handlers (USR2 -> requeue by rank 0 alone) are replaced on every task.
         signals = StopSignals().install()
@@ -126,17 +128,20 @@ class Runner:
         try:
             threads = process_group.set_cpu_threads(env)
             device = process_group.select_device(env, self.settings.gpus_per_node)
+            startup.mark("imports")
             backend = process_group.init_process_group(env, device, timeout_s=self.settings.dist_timeout)
         except BaseException:
             watch.stop()  # the error ends this process's attempt; a watchdog left running would end the caller
             raise
         joined = time.time()
+        startup.mark("rendezvous", joined)
         agreement: tp.Optional[StopAgreement] = None
         result: tp.Any = None
         error: tp.Optional[BaseException] = None
         try:
             process_group.check_distinct_gpus(env, device)
             agreement = StopAgreement(signals, timeout_s=self.settings.dist_timeout)
+            startup.mark("process_group")
             ctx = RunContext(
                 **{f.name: getattr(env, f.name) for f in dataclasses.fields(env)},
                 run_dir=Path(self.run_dir),
@@ -327,6 +332,8 @@ class Runner:
 
     def _record_rank(self, ctx: tp.Any, started: float, joined: float) -> None:
         """:meth:`RunDir.rank_record`: what the login-node tools read about each task."""
+        from hpctrain.runtime import startup
+
         path = RunDir(self.run_dir).rank_record(ctx.job_id, ctx.restart_count, ctx.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(
@@ -345,6 +352,8 @@ class Runner:
                 "restart_count": ctx.restart_count,
                 "started_at": started,
                 "joined_at": joined,
+                # the Runner's start-up phases (hpctrain.runtime.startup): what an entry without the Trainer records
+                "startup": startup.phases(),
                 "python": sys.executable,
             },
         )

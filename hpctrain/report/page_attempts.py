@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import typing as tp
+
 from hpctrain._human import esc, fmt_bytes, fmt_duration
 from hpctrain.charts.timeline import Row, timeline
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_html import _card, _colored, _empty, _pct, _pill, _section, _table, _when
+from hpctrain.runtime.startup import line as startup_line
+from hpctrain.runtime.startup import recorded
 
 TIMELINE_ROWS = 60
 """Attempts drawn on the timeline (the newest); the attempts table lists them all."""
+
+
+def _startup_cell(a: tp.Any) -> str:
+    """The attempts table's start-up: ``startup_s``, and under it where it went (:mod:`hpctrain.runtime.startup`)."""
+    s = a.start or {}
+    text = esc(fmt_duration(s.get("startup_s"))) if s.get("startup_s") is not None else ""
+    profile = recorded(a.start, a.attempt.startup)
+    if profile is not None:
+        text += f'<br><span class="sub">{esc(startup_line(profile), 1000)}</span>'
+    return text
 
 
 def _timeline(data: RunData) -> str:
@@ -91,7 +105,7 @@ def _timeline(data: RunData) -> str:
                 esc(s.get("resumed_from_step")),
                 esc(a.last_step),
                 esc((a.end or {}).get("committed_step", (a.exit or {}).get("committed_step"))),
-                esc(fmt_duration(s.get("startup_s"))) if s.get("startup_s") is not None else "",
+                _startup_cell(a),
                 esc(fmt_duration(down)) if down is not None else "",
                 esc(fmt_duration(a.lost_after_s)) if a.lost_after_s is not None else "",
                 _pill(a.outcome),

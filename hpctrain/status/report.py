@@ -30,6 +30,7 @@ from hpctrain._procs import pid_alive
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.run import Attempt, attempts, checkpoint_dir, is_run_dir, recorded_checkpoint_dir
 from hpctrain.rundir import RunDir, read_json, read_jsonl
+from hpctrain.runtime.startup import from_rank_records, recorded
 from hpctrain.status.faults import collect_faults
 from hpctrain.status.nodes import collect_nodes
 from hpctrain.status.schema import (
@@ -223,6 +224,30 @@ def _attempt_rows(found: tp.List[Attempt]) -> tp.List[tp.Dict[str, tp.Any]]:
     ]
 
 
+RANK_RECORDS_READ = 64
+"""Rank records read for the start-up of an attempt without a start record: one small file each, on the shared
+filesystem, at every ``status``; the profile then says how many ranks it covers."""
+
+
+def _startup(found: tp.List[Attempt], paths: RunDir) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """The newest attempt's start-up profile that was recorded, with that attempt's label: the Trainer's
+    (:func:`hpctrain.runtime.startup.recorded`), else for an entry without the Trainer the Runner's phases in its
+    ranks' records; None when no attempt recorded one (a run from before the profile)."""
+    for a in reversed(found):
+        profile = recorded(a.start, a.startup)
+        if profile is None and a.start is None and a.restart_count is not None:
+            first = read_json(paths.rank_record(a.job_id, a.restart_count, 0), []) or {}
+            world = first.get("world_size") if isinstance(first.get("world_size"), int) else 1
+            records = [first] + [
+                read_json(paths.rank_record(a.job_id, a.restart_count, r), [])
+                for r in range(1, min(world, RANK_RECORDS_READ))
+            ]
+            profile = from_rank_records(r for r in records if isinstance(r, dict))
+        if profile is not None:
+            return {"attempt": a.label, **profile}
+    return None
+
+
 def _slurm_view(
     found: tp.List[Attempt],
     job_id: tp.Optional[str],
@@ -408,6 +433,8 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
         "restarts": max(len(starts) - 1, 0),
         # every attempt, by the one pairing rule (hpctrain.run.attempts): its label, whether it started and ended
         "attempts": _attempt_rows(found),
+        # where the newest recorded start-up went, per phase (max over ranks), the slowest rank named
+        "startup": _startup(found, paths),
         "progress": {
             "step": step,
             "total_steps": total,

@@ -16,6 +16,7 @@ from hpctrain._files import shorten
 from hpctrain._human import fmt_bytes, fmt_duration, fmt_local_time, fmt_num
 from hpctrain.ckpt.config import RESTORE_TIERS
 from hpctrain.rundir import attempt_label
+from hpctrain.runtime.startup import line as startup_line
 from hpctrain.status.faults import render_faults
 from hpctrain.status.nodes import render_nodes
 
@@ -189,6 +190,9 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
     out(f"[bold]job[/]        {_job_line(report['job'])}")
     restarts = report["restarts"]
     out(f"[bold]starts[/]     {report['starts']} ({restarts} restart{'s' if restarts != 1 else ''})")
+    boot = report.get("startup")
+    if boot:  # where the newest recorded start-up went (hpctrain.runtime.startup)
+        out(f"[bold]start-up[/]   attempt {_t(boot.get('attempt'), 80)}: {_t(startup_line(boot), 1000)}")
     prog, last = report["progress"], report.get("last_interval")
     if prog.get("step") is None and not last and not prog.get("ended"):
         out("[bold]progress[/]   no step recorded yet")
@@ -304,7 +308,8 @@ def render(report: tp.Mapping[str, tp.Any], console: tp.Any = None) -> None:
     _render_slurm_view(report.get("slurm_view"), out)
     render_faults(report, out, _t)  # hangs and stragglers (hpctrain.status.faults)
     render_nodes(report, out, _t)  # node failures, in-job restarts, excluded hosts (hpctrain.status.nodes)
-    ledger = report["ledger"]
+    # a startup record (the whole profile, after the first step) is the start-up line above, not a row
+    ledger = [r for r in report["ledger"] if r.get("event") != "startup"]
     if ledger:
         shown = ledger[-LEDGER_ROWS:]
         clock, day = _clock(r.get("time") for r in shown)

@@ -1,7 +1,9 @@
 """The Trainer's two records of each attempt in the run's ledger (:class:`hpctrain.ledger.Ledger`).
 
 ``start``, written by rank 0 just before the first step: who runs, from which step, and what the restart
-cost (start-up, progress redone, time down, why the previous attempt ended). ``end``, written when
+cost (start-up with every rank's phases, progress redone, time down, why the previous attempt ended).
+``startup``, written by rank 0 once the first step is done: the whole start-up profile of every rank
+(:mod:`hpctrain.runtime.startup`), the first step included. ``end``, written when
 ``fit`` returns or raises: the step reached, how it ended, the last blocking save and the mean step, which
 the next attempt compares with the signal lead. The schemas are in docs/train.md.
 """
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.ckpt.config import RESTORE_TIERS
-from hpctrain.ledger import Ledger, process_start_time
+from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir, read_jsonl
+from hpctrain.runtime import startup
 
 __all__ = ["AttemptProgress", "AttemptRecords"]
 
@@ -61,10 +64,13 @@ class AttemptRecords:
     ) -> None:
         """``committed_at``: when the restored checkpoint was committed (``RestoreResult.committed_at``);
         ``identity``: the attempt's identity fields (``RunIdentity.as_record``), carried as they are;
-        ``progress``: its ``restored_tier`` and the steps the local tier saved over the newest global commit."""
+        ``progress``: its ``restored_tier`` and the steps the local tier saved over the newest global commit.
+        Every rank calls it: the ranks' start-up phases are gathered here (a collective)."""
+        ctx, now = self.ctx, time.time()  # before the gather: startup_s stays rank 0's own start-up
+        profile = startup.gather(str(getattr(ctx, "hostname", "") or ""))
+        startup.mark("wait")  # what this rank waited in the gather for the slowest one
         if self.ledger is None:
             return
-        ctx, now = self.ctx, time.time()
         previous, _ = read_jsonl(RunDir(self.run_dir).metrics, tail_bytes=1 << 20)
         last_seen = max((r["time"] for r in previous if isinstance(r.get("time"), (int, float))), default=None)
         lead_s = getattr(ctx, "signal_lead_s", None)  # a duck-typed context may not know the lead
@@ -83,7 +89,9 @@ class AttemptRecords:
             "total_steps": total,
             "checkpoint_dir": str(ckpt_dir) if ckpt_dir is not None else None,
             # start-up: interpreter, imports, rendezvous, model build and restore, until the first step
-            "startup_s": now - process_start_time(),
+            "startup_s": now - startup.process_start_time(),
+            # every rank's phases until here (max over ranks, the slowest named); the first step: the startup record
+            "startup": profile,
             # progress made after the restored checkpoint was committed and seen in the last interval
             # record of an earlier start: redone now (a lower bound: steps after that record are unseen)
             "lost_s": (
@@ -104,6 +112,24 @@ class AttemptRecords:
             record["restored_tier"] = progress.restored_tier
         self.ledger.append(record)
         self.started = True
+
+    def first_step(self) -> None:
+        """After the first step of the attempt, on every rank (a collective): rank 0's ``startup`` record, the
+        whole start-up profile (the wait for the slowest rank and the first step added)."""
+        startup.mark("first_step")
+        profile = startup.gather(str(getattr(self.ctx, "hostname", "") or ""))
+        if self.ledger is None or not self.started:
+            return
+        ctx = self.ctx
+        self.ledger.append(
+            {
+                "event": "startup",
+                "time": time.time(),
+                "job_id": ctx.job_id,
+                "restart_count": ctx.restart_count,
+                "startup": profile,
+            }
+        )
 
     def end(self, *, status: str, progress: AttemptProgress, error: str = "") -> None:
         """``status``: ``completed``, ``stopped`` or ``failed`` (then ``error``, cut to 500 characters)."""

@@ -26,7 +26,7 @@ import torch
 
 from hpctrain.errors import UsageError
 from hpctrain.rundir import RunDir
-from hpctrain.runtime import watchdog
+from hpctrain.runtime import startup, watchdog
 from hpctrain.train.arguments import check_arguments
 from hpctrain.train.config import TrainConfig
 from hpctrain.train.ddp_warmup import warm_up_buckets
@@ -165,6 +165,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------ fit
     def fit(self) -> FitResult:
         t_fit = time.perf_counter()
+        startup.mark("entry")  # the start-up profile (hpctrain.runtime.startup): the entry's own code ends here
         progress = AttemptProgress()
         records = AttemptRecords(self.ctx, self.run_dir, rank=self.rank, world_size=self.world_size, config=self.config)
         built = watchdog.during("startup", self._build)
@@ -186,8 +187,10 @@ class Trainer:
             self.identity = record_training_identity(
                 self.ctx, self.run_dir, self.config, self.data, self.eval_data, rank=self.rank
             )
+            startup.mark("identity")
             total = self._total_steps(built.loader)
             got = watchdog.during("restore", self._restore, built)
+            startup.mark("restore")
             start = got.step if got is not None else 0
             progress.step, progress.committed_step = start, (start or None)
             if got is not None and "local" in built.ckpt.tiers:  # the ledger names the tier it came from
@@ -241,7 +244,9 @@ class Trainer:
             if cfg.amp != "off"
             else contextlib.nullcontext()
         )
+        startup.mark("build")
         loader = self._build_loader(self.data) if not callable(self.data) else None
+        startup.mark("loader")
         return _Built(model, module, optimizer, scheduler, scaler, loader, autocast, mesh=mesh)
 
     def _build_loader(self, data_cfg: tp.Any) -> tp.Any:
@@ -346,6 +351,7 @@ class Trainer:
             state = {"model": b.module, "optimizer": b.optimizer, "scheduler": b.scheduler, "scaler": b.scaler}
             saver = Saver(b.ckpt, pol, state=state, loader=b.loader, progress=progress)
             step, loss, eval_loss = start, None, None
+            startup.mark("metrics")
             records.start(
                 start_step=start,
                 total=total,
@@ -372,6 +378,8 @@ class Trainer:
                 rec.timer.start()
                 loss, samples = self._step(b, batches, rec, step + 1, total)
                 step = progress.step = step + 1
+                if step == start + 1:
+                    records.first_step()  # every rank: the start-up profile is complete (a collective)
                 if self.stopping.poll(step):  # every step, every rank: all stop at this one
                     rec.step_done(loss, samples=samples)
                     stopped = True

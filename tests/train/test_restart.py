@@ -18,11 +18,13 @@ def test_restart_in_the_same_run_dir_resumes_and_the_ledger_records_what_it_cost
     ledger, problems = read_jsonl(RunDir(tmp_path).ledger)
     assert problems == [] and [(r["event"], r.get("status")) for r in ledger] == [
         ("start", None),
+        ("startup", None),
         ("end", "stopped"),
         ("start", None),
+        ("startup", None),
         ("end", "completed"),
     ]
-    restart = ledger[2]
+    restart = ledger[3]
     assert restart["resumed_from_step"] == 8 and restart["world_size"] == 1
     assert restart["lost_s"] >= 0 and restart["down_s"] > 0 and restart["startup_s"] > 0
     report = collect(tmp_path)

@@ -125,8 +125,9 @@ def test_loss_decreases_and_every_phase_is_measured_and_adds_up(tmp_path, world)
     if world == 2:  # the all-reduce is timed by the comm hook
         assert max(r["per_step"]["grad_comm_exposed_s"]["max"] for r in intervals) > 0
     ledger, problems = read_jsonl(RunDir(tmp_path).ledger)
-    assert problems == [] and [r["event"] for r in ledger] == ["start", "end"]
-    start, end = ledger
+    assert problems == [] and [r["event"] for r in ledger] == ["start", "startup", "end"]
+    start, boot, end = ledger
+    assert boot["startup"]["ranks"] == world and boot["startup"]["phases"]["first_step"] > 0
     assert start["resumed_from_step"] == 0 and start["world_size"] == world and start["total_steps"] == 40
     assert 0 < start["startup_s"] < 600 and start["lost_s"] is None and start["job_id"] == "t1"
     assert end["status"] == "completed" and end["step"] == 40

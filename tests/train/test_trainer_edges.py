@@ -79,8 +79,10 @@ def test_a_tensor_learning_rate_trains_checkpoints_resumes_and_records_a_float(t
     assert lrs == pytest.approx([0.005, 0.0025, 0.00125])  # halved every 2 steps, across the resume
     assert [(r["event"], r.get("status")) for r in ledger] == [
         ("start", None),
+        ("startup", None),
         ("end", "completed"),
         ("start", None),
+        ("startup", None),
         ("end", "completed"),
     ]
 
