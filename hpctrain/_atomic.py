@@ -16,6 +16,7 @@ from pathlib import Path
 __all__ = [
     "fsync_dir",
     "atomic_write_bytes",
+    "atomic_write_chunks",
     "atomic_write_text",
     "atomic_write_json",
     "TMP_NAME",
@@ -50,14 +51,25 @@ def atomic_write_bytes(path: tp.Union[str, os.PathLike], data: bytes, mode: int 
     filesystem (atomic on POSIX, Lustre and GPFS). A killed writer leaves it behind; the checkpoint
     clean-up removes such files once stale.
     """
+    atomic_write_chunks(path, (data,), mode)
+
+
+def atomic_write_chunks(path: tp.Union[str, os.PathLike], chunks: tp.Iterable[bytes], mode: int = 0o644) -> int:
+    """:func:`atomic_write_bytes` for data that does not fit in memory (a staged input file): the chunks are
+    written in order to the temporary file, which is renamed over ``path`` only after the last one is written and
+    fsynced. An exception from ``chunks`` removes the temporary file and leaves ``path`` as it was. Returns the
+    bytes written."""
     path = Path(path)
     tmp = tmp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    total = 0
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        for data in chunks:
+            view = memoryview(data)
+            total += len(view)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -66,6 +78,7 @@ def atomic_write_bytes(path: tp.Union[str, os.PathLike], data: bytes, mode: int 
     os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+    return total
 
 
 def atomic_write_text(path: tp.Union[str, os.PathLike], text: str) -> None:

@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_FAILURES_PER_1000_NODE_DAYS",
     "DEFAULT_MTBF_NODE_HOURS",
     "DEFAULT_POLL_S",
+    "DEFAULT_STAGE_DIR",
 ]
 
 DEFAULT_DIST_TIMEOUT_S = 600
@@ -38,3 +39,11 @@ DEFAULT_POLL_S = 10.0
 variable; doubled while the job is pending, up to 60 s. Why: every squeue or sacct is an RPC to slurmctld or
 slurmdbd shared by the whole site (a tool polling each second per job, times a sweep of thousands of tasks,
 has stalled clusters); what changes each second is the run directory, read locally in between."""
+
+DEFAULT_STAGE_DIR = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/hpctrain-stage"
+"""Where ``submit --stage`` copies the inputs on every node (``--stage-dir``, ``SubmitConfig.stage_dir``,
+``python -m hpctrain.data.stage``): the job's node-local scratch (``$SLURM_TMPDIR`` where the site sets one, else
+``$TMPDIR``, else ``/tmp``), expanded on the node, not on the login node. Inside it each run has its own folder
+and each node its own below that (``<run>-<hash>/<node name>``), so nodes that share one file system (the dev
+cluster) still each read their own copy. A requeue reuses a copy only where the directory outlives the job:
+a job container's private ``/tmp`` does not."""

@@ -18,6 +18,7 @@ through its public API; what a run directory *says* (its attempts, its checkpoin
     RUN_DIR/ranks/<job>-r<restart>/heartbeat-rank-<N>.json  each task's last progress (step, phase, time)
     RUN_DIR/ranks/<job>-r<restart>/stacks-rank-<N>.txt      each task's Python stacks, written on a hang
     RUN_DIR/ranks/<job>-r<restart>/hang.json    the hang's attribution (hung ranks, hosts, stacks, progress)
+    RUN_DIR/stage/<job>-r<restart>/<node>.json  what each node staged for that Slurm attempt (submit --stage)
     RUN_DIR/train/ledger.jsonl                  one record per start, end and exit of an attempt
     RUN_DIR/train/metrics.jsonl                 one record per log interval and per evaluation
     RUN_DIR/checkpoints/                        the Trainer's default checkpoint directory
@@ -57,6 +58,7 @@ __all__ = [
     "read_jsonl",
     "append_jsonl_atomic",
     "dumps_record",
+    "STAGE_ENV",
 ]
 
 METRICS_SCHEMA = "hpctrain.train.metrics/1"
@@ -64,6 +66,10 @@ LEDGER_SCHEMA = "hpctrain.train.ledger/1"
 PROBE_SCHEMA = "hpctrain.capacity.allreduce/1"
 """The all-reduce probe's record (:attr:`RunDir.capacity_probe`): written by :mod:`hpctrain.launch.probe`, read by
 :mod:`hpctrain.capacity.calibration`."""
+
+STAGE_ENV = "HPCTRAIN_STAGE_RUN_DIR"
+"""Exported by the batch script of a job that stages its inputs (``submit --stage``): the run directory, whose
+:meth:`RunDir.stage_record` of each node names that node's verified copies (read by ``hpctrain.data.stage``)."""
 
 RECORD_LIMIT = 16 << 20
 """Bytes read of one JSON record file (submission, rank records, manifests): far above any real one."""
@@ -176,6 +182,12 @@ class RunDir:
     def hang_report(self, job_id: str, restart_count: int) -> Path:
         """Written by the rank that decides a hung attempt's end: which ranks hung, where, their stacks."""
         return self.attempt_dir(job_id, restart_count) / "hang.json"
+
+    def stage_record(self, job_id: str, restart_count: int, node: str) -> Path:
+        """What one node's stage step (``python -m hpctrain.data.stage``) copied, reused and verified at the start
+        of a Slurm attempt (``restart_count`` is ``SLURM_RESTART_COUNT``: spare-node restarts inside the allocation
+        read the same record); the loader reads its node's record to find the local copies."""
+        return self.root / "stage" / attempt_label(job_id, restart_count) / f"{node}.json"
 
     # ------------------------------------------------------------------ written by training
     @property

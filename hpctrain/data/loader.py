@@ -31,6 +31,7 @@ from hpctrain.data._pinned import PinnedRing
 from hpctrain.data._workers import InlineReader, SlotArena, WorkerPool, batch_spec, memory_available
 from hpctrain.data.config import H5DataConfig
 from hpctrain.data.metrics import LoaderMetrics, StepMetrics
+from hpctrain.data.stage import local_files
 from hpctrain.errors import HpctrainError, UsageError
 
 __all__ = ["H5Loader", "STATE_FORMAT"]
@@ -89,7 +90,8 @@ class H5Loader:
                 f"H5Loader(device={str(device)!r}) but CUDA is not available on this node; "
                 f"pass device=None (CPU batches) or run on a GPU node"
             )
-        self.layout: Layout = scan(config.files, config.keys, config.block_bytes)
+        # a job that stages (submit --stage) reads this node's verified local copies (hpctrain.data.stage)
+        self.layout: Layout = scan(local_files(config.files), config.keys, config.block_bytes)
         self.partitions = config.partitions or self.world_size
         self.epoch = 0
         self.samples_consumed = 0  # global samples of the current epoch already handed out (all ranks)

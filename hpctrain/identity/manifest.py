@@ -678,6 +678,18 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _add_staged(prints: tp.List[tp.Dict[str, tp.Any]]) -> None:
+    """Where this node's loader reads a file from instead (``submit --stage``): the fingerprint stays the original's
+    (the stage step verified the copy against it), so the identity is the same data; ``staged`` is not essential."""
+    from hpctrain.data.stage import staged_map
+
+    staged = staged_map()
+    for p in prints:
+        entry = staged.get(os.path.realpath(p["cheap"]["path"]))
+        if entry is not None:
+            p["staged"] = {"to": entry["local"], "reused": entry["reused"], "sha256": entry["sha256"]}
+
+
 def record_data(
     run_dir: tp.Union[str, Path],
     job_id: str,
@@ -703,6 +715,7 @@ def record_data(
     prints = fp.fingerprint_files(
         [os.fspath(f) for f in files], cache_path=str(paths.data_cache), k=k if k is not None else fp.SAMPLE_K
     )
+    _add_staged(prints)
     if len(prints) > STRUCTURE_FILES_LIMIT:  # keep the record far below the run directory's read bound
         for p in prints:
             p["cheap"]["structure"] = None

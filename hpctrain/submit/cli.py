@@ -143,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the host of a straggler rank out of the next requeue (hung ranks' hosts are left out always)",
     )
+    d = p.add_argument_group("node-local staging (docs/data.md)")
+    d.add_argument(
+        "--stage",
+        nargs="+",
+        metavar="PATH",
+        help="copy these input files/directories to node-local storage at the start of every attempt (one reader per "
+        "node, verified against the data fingerprint; a requeue reuses a verified copy); the loader reads the copies",
+    )
+    d.add_argument("--stage-dir", metavar="DIR", help="node-local directory, expanded on the node (default "
+                   "$SLURM_TMPDIR, else $TMPDIR, else /tmp)")  # fmt: skip
     t = p.add_argument_group("training")
     t.add_argument("--entry", metavar="MODULE:FUNCTION", help="function called as FUNCTION(ctx) on every task")
     t.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<job-name>-<timestamp>)")
@@ -258,6 +268,14 @@ def _check_container(cfg: SubmitConfig, run_dir: Path, cluster: str, *, dry_run:
         print(f"hpctrain submit: note: {exc} (a real submission stops here)", file=sys.stderr)
 
 
+def _check_stage(cfg: SubmitConfig, ns: argparse.Namespace) -> SubmitConfig:
+    from hpctrain.submit.staging import check_stage
+
+    if cfg.stage and getattr(ns, "sweep", None) is not None:
+        raise UsageError("--stage stages the inputs of one run; a --sweep's tasks cannot share it yet: drop one")
+    return check_stage(cfg)
+
+
 def _resolve_cluster(cfg: SubmitConfig) -> str:
     from hpctrain._slurm import SlurmCommands
 
@@ -306,11 +324,15 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None, *, slurm: tp.Any = None, co
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the job imports the entry from this directory too
     check_entry_static(cfg.entry)
+    cfg = _check_stage(cfg, ns)
     cluster = _resolve_cluster(cfg)
     if cluster == "local":
         _check_local_size(cfg)
         if cfg.spare_nodes:
             print("hpctrain submit: note: --spare-nodes applies to Slurm jobs; a local run has none", file=sys.stderr)
+        if cfg.stage:
+            print("hpctrain submit: note: --stage applies to Slurm jobs; a local run reads the inputs in place",
+                  file=sys.stderr)  # fmt: skip
     run_dir = _run_dir(cfg)
     if cfg.container:
         _check_container(cfg, run_dir, cluster, dry_run=bool(getattr(ns, "dry_run", False)))

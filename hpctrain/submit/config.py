@@ -141,6 +141,13 @@ class SubmitConfig:
     """A directory the Runner puts first on ``sys.path`` on every task before it imports the entry, so that the
     entry runs from that tree ahead of anything installed (``[job] code_path``; ``python -m hpctrain reproduce``
     sets it to the code it rebuilt from a bundle's snapshot)."""
+    stage: tp.Optional[tp.List[str]] = None
+    """Input files or directories copied to node-local storage at the start of every attempt, one reader per node,
+    verified against the data fingerprint; the loader reads the local copies and a requeue reuses a verified copy
+    (``--stage PATH...``, ``[job] stage = [...]``; docs/data.md, "Node-local staging")."""
+    stage_dir: tp.Optional[str] = None
+    """Node-local directory of the staged copies, expanded on the node (``--stage-dir``); default
+    :data:`hpctrain.defaults.DEFAULT_STAGE_DIR` (``$SLURM_TMPDIR``, else ``$TMPDIR``, else ``/tmp``)."""
     container: tp.Optional[str] = None
     """Run every task inside this image (``--container``): an Apptainer ``.sif`` file, a pyxis squashfs file or
     registry reference (``nvcr.io#nvidia/pytorch:24.01-py3``), a podman image name or ``oci-archive:/path``. The
@@ -224,10 +231,26 @@ class SubmitConfig:
             )
         check_bool(self, "require_clean", self.require_clean)
         self._check_container()
+        self._check_stage()
         if self.secret_patterns is not None:
             from hpctrain.identity.redact import check_secret_patterns
 
             object.__setattr__(self, "secret_patterns", list(check_secret_patterns(self.secret_patterns)))
+
+    def _check_stage(self) -> None:
+        """Syntax only; whether the paths exist and the directory is writable is checked on the login node
+        (:func:`hpctrain.submit.staging.check_stage`)."""
+        stage = [self.stage] if isinstance(self.stage, str) else self.stage
+        if stage is not None and (not _is_str_list(stage) or not stage):
+            raise UsageError("--stage must be one or more input paths (a list of strings in TOML)")
+        check_str(self, "stage_dir", self.stage_dir, none_ok=True)
+        for value in (stage or []) + ([self.stage_dir] if self.stage_dir is not None else []):
+            if not value.strip() or _CONTROL.search(value):
+                raise UsageError(f"--stage/--stage-dir {shorten(repr(value))} must be a path on one line")
+        if stage is not None:
+            object.__setattr__(self, "stage", list(stage))
+        if self.stage_dir is not None and self.stage is None:
+            raise UsageError("--stage-dir says where --stage copies inputs: add --stage PATH")
 
     def _check_container(self) -> None:
         """Syntax only; whether the image, the runtime and the mounts' sources exist is checked by the submit

@@ -70,6 +70,13 @@ def slurm_parameters(
             f"# {cfg.spare_nodes} spare node(s): the srun below runs through hpctrain's in-job restart loop",
             f'srun() {{ {" ".join(loop)} -- srun "$@"; }}',
         ]
+    if cfg.stage:
+        if run_dir is None:
+            raise ValueError("slurm_parameters: a job that stages needs run_dir")
+        from hpctrain.submit.staging import stage_setup
+
+        # before the spares' srun() function: the stage step runs once, on every node, not through the loop
+        params["setup"] = stage_setup(cfg, python, run_dir) + params.get("setup", [])
     if cfg.container:
         if run_dir is None:
             raise ValueError("slurm_parameters: a container job needs run_dir")
@@ -89,8 +96,9 @@ def container_mounts(cfg: SubmitConfig, run_dir: tp.Union[str, Path], cwd: tp.Op
     """The container job's mounts: the run directory (its checkpoints, ledger, logs), the submitting directory (the
     entry's code, imported from there as outside), ``[job] code_path``, then ``--container-mounts``."""
     from hpctrain._container import job_mounts, parse_mounts
+    from hpctrain.submit.staging import stage_mount
 
-    same = [str(run_dir), cwd or os.getcwd()] + ([cfg.code_path] if cfg.code_path else [])
+    same = [str(run_dir), cwd or os.getcwd()] + ([cfg.code_path] if cfg.code_path else []) + stage_mount(cfg)
     return job_mounts(parse_mounts(cfg.container_mounts), same_path=same)
 
 

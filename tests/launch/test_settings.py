@@ -99,7 +99,7 @@ def test_the_sbatch_template_uses_the_generated_flags():
     documented = set(re.findall(r"^#   (HPCTRAIN_[A-Z_]+)", text, re.M))
     names = {env_name(f.name) for f in FIELDS}
     template_own = {"HPCTRAIN_ENTRY", "HPCTRAIN_RUN_DIR", "HPCTRAIN_PYTHON", "HPCTRAIN_SPARE_NODES",
-                    "HPCTRAIN_EXCLUDE_STRAGGLERS"}  # fmt: skip
+                    "HPCTRAIN_EXCLUDE_STRAGGLERS", "HPCTRAIN_STAGE", "HPCTRAIN_STAGE_DIR"}  # fmt: skip
     assert documented - template_own <= names, documented - template_own - names
 
 
