@@ -53,7 +53,6 @@ __all__ = [
     "DTYPE_SIZES",
     "NUMPY_DTYPES",
     "ALIGN",
-    "SMALL_PIECE_BYTES",
     "ShardHeader",
     "CheckpointFormatError",
     "align",
@@ -78,10 +77,6 @@ ALIGN = 64
 """Every tensor piece starts on a multiple of this many bytes from the data start (itself aligned)."""
 HEADER_PREFIX = struct.Struct("<8sQ")
 """Magic and header length at the start of every shard."""
-SMALL_PIECE_BYTES = 256 << 10
-"""Pieces under this size are copied into one buffer and written together (few large writes for
-thousands of small tensors); larger ones are written straight from their own memory."""
-
 # torch dtype name -> element size; the only dtypes a shard may name (anything else is rejected).
 DTYPE_SIZES: tp.Dict[str, int] = {
     "float64": 8,

@@ -17,6 +17,10 @@ __all__ = ["Stager", "cuda_devices"]
 
 log = logging.getLogger(__name__)
 
+_ZERO_LEN = 4096
+_ZEROS = memoryview(bytes(_ZERO_LEN))
+"""Alignment padding of a directly written shard (a gap between two entries is under 64 bytes)."""
+
 
 def cuda_devices(pieces: tp.Sequence[Piece]) -> tp.List[int]:
     """Indices of the GPUs that hold any of ``pieces``, sorted."""
@@ -100,6 +104,8 @@ class Stager:
         direct_min: tp.Optional[int] = None,
     ) -> tp.List[tp.Tuple[int, memoryview]]:
         """The data section as (offset, bytes) chunks that tile ``[0, size)`` in order."""
+        if direct_min is not None:
+            return self._stage_direct(pieces, entries, size, direct_min)
         devices = cuda_devices(pieces)
         on_gpu = bool(devices)
         a = self._ensure(size, on_gpu)
@@ -138,6 +144,61 @@ class Stager:
             chunks.append((seg, whole[seg:size]))
         for d in devices:  # the copies (queued on each device's current stream) are in the arena
             self._cuda.synchronize(d)
+        return chunks
+
+    def _stage_direct(
+        self,
+        pieces: tp.Sequence[Piece],
+        entries: tp.Sequence[tp.Dict[str, tp.Any]],
+        size: int,
+        direct_min: int,
+    ) -> tp.List[tp.Tuple[int, memoryview]]:
+        """A blocking save of CPU state: every contiguous CPU piece of at least ``direct_min`` bytes as a view of
+        its tensor's memory, the padding between them as views of one zero buffer; the other pieces (smaller,
+        strided, conj/neg views) are copied into the arena, and each run of them with the padding between them
+        is one chunk. The writer hands the chunks to the kernel in a few ``writev`` calls, so the tensors cost
+        neither a copy in user space nor the page faults of a fresh arena (a first save's). The views point into
+        the pieces' tensors: the caller keeps ``pieces`` alive until the chunks are written."""
+        if cuda_devices(pieces):  # state on a GPU is copied into the (pinned) arena like an async save's
+            return self.stage(pieces, entries, size, None)
+        a: tp.Optional[_Arena] = None
+        base, whole = 0, memoryview(b"")
+        chunks: tp.List[tp.Tuple[int, memoryview]] = []
+        append, c_char, zeros, memmove, memset = chunks.append, ctypes.c_char, _ZEROS, ctypes.memmove, ctypes.memset
+        pos, run = 0, -1  # end of the last piece; start of the open run of arena bytes [run, pos), -1: none
+        for p, e in zip(pieces, entries):
+            nb, off = e["nbytes"], e["offset"]
+            if not nb:
+                continue
+            t = p.tensor
+            plain = t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            if plain and nb >= direct_min:
+                if run >= 0:
+                    append((run, whole[run:pos]))
+                    run = -1
+                if off > pos:
+                    append((pos, zeros[: off - pos] if off - pos <= _ZERO_LEN else memoryview(bytes(off - pos))))
+                append((off, memoryview((c_char * nb).from_address(t.data_ptr() + p.start * p.es)).cast("B")))
+            else:
+                if a is None:
+                    a = self._ensure(size, False)
+                    self._padded = (None, None)  # its padding is no longer known to be zero
+                    base, whole = a.ptr, memoryview(a.tensor.numpy())
+                if run < 0:
+                    run = pos
+                if off > pos:
+                    memset(base + pos, 0, off - pos)
+                if plain:
+                    memmove(base + off, t.data_ptr() + p.start * p.es, nb)
+                else:
+                    a.tensor[off : off + nb].view(t.dtype).copy_(piece_view(p))
+            pos = off + nb
+        if run >= 0:
+            if size > pos:
+                memset(base + pos, 0, size - pos)
+            append((run, whole[run:size]))
+        elif size > pos:
+            append((pos, zeros[: size - pos] if size - pos <= _ZERO_LEN else memoryview(bytes(size - pos))))
         return chunks
 
     def release(self) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import hashlib
+import itertools
+import json
 import operator
 import random
 import typing as tp
 
 import numpy as np
+import numpy.random  # noqa: F401 - numpy 2 imports it on first use: in a first save's capture_rng (5-35 ms)
 import torch
 
 from hpctrain.ckpt._format import DTYPE_SIZES, align, header_json
@@ -166,18 +170,18 @@ def layout(tensors: tp.Mapping[str, torch.Tensor], cache: tp.Optional["LayoutCac
     dtypes, shapes = list(map(_DTYPE, values)), list(map(_SHAPE, values))
     if cache is not None and cache.keys == keys and cache.dtypes == dtypes and cache.shapes == shapes:
         return Layout(list(zip(keys, values, cache.names, cache.sizes, cache.numels)), cache.total, cache.digest)
-    items, total, sig = [], 0, []
-    for key, t in tensors.items():
-        name, es = _dtype_info(t.dtype)
-        n = t.numel()
-        items.append((key, t, name, es, n))
-        sig.append((key, name, tuple(t.shape)))
-        total += es * n
-    lay = Layout(items, total, hashlib.sha1(repr(sig).encode()).hexdigest())
+    # a miss (the first save): the same metadata, column by column (a state has a handful of distinct dtypes)
+    info = {d: _dtype_info(d) for d in set(dtypes)}
+    names = [info[d][0] for d in dtypes]
+    sizes = [info[d][1] for d in dtypes]
+    numels = list(map(torch.Tensor.numel, values))
+    total = sum(map(operator.mul, sizes, numels))
+    digest = hashlib.sha1(json.dumps([keys, names, list(map(tuple, shapes))]).encode()).hexdigest()
+    lay = Layout(list(zip(keys, values, names, sizes, numels)), total, digest)
     if cache is not None:
         cache.keys, cache.dtypes, cache.shapes = keys, dtypes, shapes
-        cache.names, cache.sizes, cache.numels = [i[2] for i in items], [i[3] for i in items], [i[4] for i in items]
-        cache.total, cache.digest = total, lay.digest
+        cache.names, cache.sizes, cache.numels = names, sizes, numels
+        cache.total, cache.digest = total, digest
     return lay
 
 
@@ -256,10 +260,17 @@ def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], r
     Zero-size tensors go to rank 0 so that every tensor has at least one entry."""
     lay = tensors if isinstance(tensors, Layout) else layout(tensors)
     lo, hi = lay.total * rank // world, lay.total * (rank + 1) // world
+    items = lay.items
+    nbs = list(map(operator.mul, map(_ES, items), map(_N, items)))
+    ends = list(itertools.accumulate(nbs))
+    # only the tensors that overlap [lo, hi) (and, on rank 0, the zero-size ones wherever they are), in state order
+    first, stop = (
+        (0, len(items)) if rank == 0 and 0 in nbs else (bisect.bisect_right(ends, lo), bisect.bisect_left(ends, hi) + 1)
+    )
     out: tp.List[Piece] = []
-    cum = 0
+    cum = ends[first] - nbs[first] if first < len(items) else 0
     last = rank == world - 1
-    for key, t, name, es, n in lay.items:
+    for key, t, name, es, n in items[first:stop]:
         nb = n * es
         if n == 0:
             if rank == 0:
@@ -274,6 +285,9 @@ def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], r
     return out
 
 
+_ES, _N = operator.itemgetter(3), operator.itemgetter(4)
+
+
 def whole(tensors: tp.Mapping[str, torch.Tensor]) -> tp.List[Piece]:
     return [Piece(k, t, 0, n, name, es) for k, t, name, es, n in layout(tensors).items]
 
@@ -285,9 +299,17 @@ def plan_offsets(pieces: tp.Sequence[Piece]) -> tp.Tuple[tp.List[tp.Dict[str, tp
         nb = (p.stop - p.start) * p.es
         if p.box is not None and p.global_shape is not None:
             e = {"key": p.key, "dtype": p.dtype, "shape": list(p.global_shape), "box": [list(b) for b in p.box]}
+            e.update(offset=off, nbytes=nb)
         else:
-            e = {"key": p.key, "dtype": p.dtype, "shape": list(p.tensor.shape), "start": p.start, "stop": p.stop}
-        e.update(offset=off, nbytes=nb)
+            e = {
+                "key": p.key,
+                "dtype": p.dtype,
+                "shape": list(p.tensor.shape),
+                "start": p.start,
+                "stop": p.stop,
+                "offset": off,
+                "nbytes": nb,
+            }
         entries.append(e)
         off += align(nb)
     return entries, off

@@ -8,6 +8,7 @@ import gc
 import hashlib
 import json
 import logging
+import marshal
 import math
 import mmap
 import os
@@ -25,9 +26,9 @@ from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._dtensor import check_placements, fully_replicated, is_dtensor, local_box, writes_chunk
 from hpctrain.ckpt._fetch import read, route, shards_read
 from hpctrain.ckpt._format import (
-    SMALL_PIECE_BYTES,
     CheckpointFormatError,
     encode_header,
+    header_json,
     quarantine_name,
     step_name,
 )
@@ -121,6 +122,7 @@ class Checkpointer:
         self._writer: tp.Optional[Writer] = None
         self._stager = Stager()
         self._layouts = LayoutCache()  # the previous save's tensor metadata, reused while the state keeps its shapes
+        self._trees_text: tp.Optional[tp.Tuple[bytes, str]] = None  # rank 0: (marshal of the trees, their JSON)
         self._abort = threading.Event()
         self._deleter = Deleter() if self.rank == 0 else None
         if self._deleter is not None:
@@ -206,18 +208,23 @@ class Checkpointer:
                 "entries": shard.entries,
                 "local": local_tree,
             }
+            encoded = {"entries": shard.entries_json}
             if self.rank == 0:
                 header["trees"] = trees
-            # in the caller's thread also for an async save (the entries' text is reused: what is left is the RNG
-            # state, and rank 0's trees), so that the header's objects are freed before the collector resumes
-            header_bytes = encode_header(header, {"entries": shard.entries_json})
-            chunks = self._stager.stage(
-                shard.pieces, shard.entries, shard.size, direct_min=SMALL_PIECE_BYTES if blocking else None
-            )
+                encoded["trees"] = self._trees_json(trees)
+            # in the caller's thread also for an async save (the entries' and trees' text are reused: what is left
+            # is the RNG state), so that the header's objects are freed before the collector resumes
+            header_bytes = encode_header(header, encoded)
+            # blocking: CPU tensors are written straight from their memory (the caller waits for the commit, so
+            # they cannot change meanwhile); async: all copied into the reused arena
+            chunks = self._stager.stage(shard.pieces, shard.entries, shard.size, direct_min=0 if blocking else None)
             digest = hashlib.sha1((lay.digest + repr(sig)).encode()).hexdigest() if sig else lay.digest
             local_bytes = sum(tensor_bytes(p.tensor) for p in local_pieces) + 64 * len(shard.entries)
             total = lay.total + sharded_bytes + self.world_size * (len(header_bytes) + local_bytes)
-            return ShardPlan(header_bytes, chunks, digest, total), sorted(trees), bool(sig)
+            # a blocking save's chunks are views of the pieces' tensors: they live as long as the plan (an async
+            # save's chunks are the arena's, and the caller's tensors are not held past save())
+            keep = shard.pieces if blocking else None
+            return ShardPlan(header_bytes, chunks, digest, total, keep=keep), sorted(trees), bool(sig)
 
         # Python's cyclic collector is paused while the shard is prepared (as in restore): that allocates tens
         # of thousands of objects per 4000 tensors, which set off collections of the whole heap (one every
@@ -242,6 +249,23 @@ class Checkpointer:
         self._abort.clear()
         self._writer.submit(lambda: self._commit(step, plan, manifest_extra))
         return None
+
+    def _trees_json(self, trees: tp.Dict[str, tp.Any]) -> str:
+        """Rank 0's state trees as the header's JSON text, reused while the trees are those of the previous save.
+
+        "The same" is decided on ``marshal``'s bytes of the trees (a tenth of the JSON encoding's cost): marshal
+        writes every value with its type (1, 1.0 and True, 0.0 and -0.0 differ, where ``==`` calls them equal), so
+        equal bytes mean trees that encode to the same JSON; bytes that differ for equal trees (marshal also
+        records which objects are shared) only cost a fresh encoding. A leaf marshal cannot write (an ``int`` or
+        ``str`` subclass) means no reuse. Only bytes are kept, never the state."""
+        try:
+            key = marshal.dumps(trees)
+        except ValueError:
+            self._trees_text = None
+            return header_json(trees)
+        if self._trees_text is None or key != self._trees_text[0]:
+            self._trees_text = (key, header_json(trees))
+        return self._trees_text[1]
 
     def _split_sharded(
         self, tensors: tp.Dict[str, torch.Tensor]

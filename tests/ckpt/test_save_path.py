@@ -185,7 +185,7 @@ def test_staging_reuses_zeroed_padding_only_for_the_same_entries_in_the_same_are
     b_pieces, b_entries, b_size = plan([16, 16, 16], 50)  # no padding: its bytes land on a's padding
     assert b_size <= a_size
     for pieces, entries, size in ((a_pieces, a_entries, a_size), (b_pieces, b_entries, b_size)) * 2:
-        for direct in (None, 8):
+        for direct in (None, 0, 8, 16, 1 << 20):
             chunks = st.stage(pieces, entries, size, direct_min=direct)
             assert b"".join(bytes(v) for _, v in chunks) == _expected_data(pieces, entries, size)
     # the same entries again, new values: padding still zero, the values are the new ones
@@ -194,3 +194,93 @@ def test_staging_reuses_zeroed_padding_only_for_the_same_entries_in_the_same_are
     chunks = st.stage(a2, a_entries, a_size)
     assert b"".join(bytes(v) for _, v in chunks) == _expected_data(a2, a_entries, a_size)
     st.release()
+
+
+def test_a_blocking_save_writes_tensors_only_the_save_holds_and_every_kind_of_piece(tmp_path):
+    """A blocking save writes CPU tensors straight from their memory: also those only the save itself references
+    (a numpy array turned into a tensor, the RNG states), which must live until the shard is written. Strided,
+    conj and neg views, zero-size and small tensors between large ones: the same bytes as an async save's
+    (staged in the arena), and each restores exactly."""
+    import numpy as np
+
+    big = np.arange(300_000, dtype=np.float64)  # 2.4 MB: its tensor exists only inside save()
+    c = torch.complex(torch.arange(6.0), torch.ones(6))
+    state = {
+        "np": big,
+        "t": torch.arange(12.0).reshape(3, 4).t(),
+        "conj": c.conj(),
+        "neg": torch._neg_view(torch.arange(5.0)),
+        "empty": torch.zeros(0),
+        "small": [torch.full((k,), float(k)) for k in (1, 3, 17, 64, 1000)],
+        "large": torch.arange(70_000, dtype=torch.int32),
+        "b": torch.tensor([True, False, True]),
+    }
+    ck = Checkpointer(CheckpointConfig(dir=tmp_path, keep_last=0))
+    torch.manual_seed(3)
+    ck.save(1, extra=state)
+    torch.manual_seed(3)
+    ck.save(2, extra=state, blocking=False)
+    ck.close()
+    data = [_shard(tmp_path, s).read_bytes() for s in (1, 2)]
+    h1, h2 = read_header(_shard(tmp_path, 1)), read_header(_shard(tmp_path, 2))
+    assert h1.header["entries"] == h2.header["entries"] and data[0][h1.data_start :] == data[1][h2.data_start :]
+    for step in (1, 2):
+        manifest = json.loads((tmp_path / f"step-{step:09d}" / "MANIFEST.json").read_text())
+        assert manifest["shards"][0]["crc32"] == zlib.crc32(data[step - 1])
+        got = Checkpointer(CheckpointConfig(dir=tmp_path)).restore(step=step).extra
+        assert isinstance(got["np"], np.ndarray) and np.array_equal(got["np"], big)
+        for k in ("t", "conj", "neg", "empty", "large", "b"):
+            assert torch.equal(got[k], state[k].resolve_conj().resolve_neg()), (step, k)
+        assert all(torch.equal(a, b) for a, b in zip(got["small"], state["small"]))
+
+
+def test_short_writes_resume_where_the_kernel_stopped(tmp_path, monkeypatch):
+    """writev may write less than asked (a signal, a quota, over 2 GiB): the writer resumes mid-buffer, and the file
+    is the same bytes with the same crc32 as written in one go."""
+    import os
+
+    from hpctrain.ckpt import _commit
+
+    state = {"a": torch.arange(100_000.0), "s": [torch.full((k,), float(k)) for k in range(1, 40)]}
+    ck = Checkpointer(CheckpointConfig(dir=tmp_path, keep_last=0))
+    ck.save(1, extra=state)
+    real = os.writev
+
+    def short(fd, buffers):  # at most 777 bytes a call, often ending inside a buffer
+        out, left = [], 777
+        for b in buffers:
+            b = memoryview(b).cast("B")
+            out.append(b[:left])
+            left -= out[-1].nbytes
+            if not left:
+                break
+        return real(fd, out)
+
+    monkeypatch.setattr(_commit.os, "writev", short)
+    ck.save(2, extra=state)
+    ck.close()
+    one, two = (_shard(tmp_path, s).read_bytes() for s in (1, 2))
+    h1, h2 = read_header(_shard(tmp_path, 1)), read_header(_shard(tmp_path, 2))
+    assert one[h1.data_start :] == two[h2.data_start :]
+    manifest = json.loads((tmp_path / "step-000000002" / "MANIFEST.json").read_text())
+    assert manifest["shards"][0]["crc32"] == zlib.crc32(two)
+
+
+def test_rank0_trees_text_is_reused_only_for_trees_of_the_same_values_and_types(tmp_path):
+    """Rank 0 reuses the previous save's trees JSON while the trees are the same; 1, 1.0 and True (and 0.0 and
+    -0.0) are equal in Python but not in JSON: each save restores its own value with its own type."""
+    import math
+
+    ck = Checkpointer(CheckpointConfig(dir=tmp_path, keep_last=0))
+    values = [1, 1, 1.0, True, True, 0.0, -0.0, -0.0, 0, False, float("nan"), "1", [1], 2**70, float(2**70)]
+    for step, v in enumerate(values, 1):
+        ck.save(step, extra={"w": torch.ones(3), "v": v, "nested": {"lr": v, 0: [v, {"x": v}]}})
+    ck.close()
+    for step, v in enumerate(values, 1):
+        got = Checkpointer(CheckpointConfig(dir=tmp_path)).restore(step=step).extra
+        for g in (got["v"], got["nested"]["lr"], got["nested"][0][0], got["nested"][0][1]["x"]):
+            assert type(g) is type(v), (step, v, g)
+            if isinstance(v, float):
+                assert math.copysign(1, g) == math.copysign(1, v) and (g == v or (math.isnan(g) and math.isnan(v)))
+            else:
+                assert g == v, (step, v, g)
