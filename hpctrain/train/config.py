@@ -210,7 +210,8 @@ class ParallelConfig:
     """Where ``compile``'s on-disk caches live (Inductor's FX-graph and AOTAutograd caches): 'run' = the run
     directory (``RunDir.compile_cache``), so a requeued attempt on other nodes compiles warm; a path = that
     directory (e.g. one shared by a project's runs); None = torch's default (node-local
-    ``/tmp/torchinductor_$USER``). A ``TORCHINDUCTOR_CACHE_DIR`` set in the job's environment wins."""
+    ``/tmp/torchinductor_$USER``). A ``TORCHINDUCTOR_CACHE_DIR`` set in the job's environment wins (unless it names
+    torch's default, which a parent that compiled passes down)."""
     meta_init: bool = False
     """Build the model on the meta device (no memory), shard it, then materialise each rank's shards
     (``to_empty``) and initialise them with ``init_weights``; a restore then overwrites them."""

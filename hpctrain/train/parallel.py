@@ -56,6 +56,15 @@ COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 _JOB_COMPILE_CACHE = os.environ.get(COMPILE_CACHE_ENV) or None  # empty names nothing (torch would take the cwd)
 
 
+def _torch_default_compile_cache() -> tp.Optional[str]:
+    """Inductor's own default (``/tmp/torchinductor_$USER``), as torch computes it; None if torch moved it."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return default_cache_dir()
+
+
 class Wrapped(tp.NamedTuple):
     model: torch.nn.Module
     """What the steps run: the DDP wrapper, or the (FSDP2-sharded) module itself."""
@@ -151,7 +160,10 @@ def use_compile_cache(path: tp.Optional[Path]) -> tp.Optional[tp.Tuple[Path, int
     shares one directory."""
     if path is None:
         return None
-    chosen = Path(_JOB_COMPILE_CACHE) if _JOB_COMPILE_CACHE else path
+    # torch writes its default into the environment on its first ask, so a parent that compiled before it
+    # started this process passes that down: the default is nobody's choice, the run's cache still wins over it.
+    job_own = _JOB_COMPILE_CACHE if _JOB_COMPILE_CACHE != _torch_default_compile_cache() else None
+    chosen = Path(job_own) if job_own else path
     try:
         chosen.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -59,7 +59,12 @@ def _demo_counting_compiles(rank, world_size, run_dir, args):
     return {"result": result, "inductor": dict(counters["inductor"])}
 
 
-def test_a_restart_in_a_new_process_takes_its_graphs_from_the_run_directorys_cache(tmp_path):
+def test_a_restart_in_a_new_process_takes_its_graphs_from_the_run_directorys_cache(tmp_path, monkeypatch):
+    # What the suite's earlier compiles left in this process's environment (torch's default, warm from them)
+    # is passed down to the children: the run's cache must still be the one used.
+    import torch._inductor.config  # noqa: F401  (torch's first ask writes its default into the environment)
+
+    monkeypatch.setenv(COMPILE_CACHE_ENV, parallel._torch_default_compile_cache())
     run = tmp_path / "run"
     common = ["--compile", "--layers", "1", "--hidden", "16", "--dim", "8", "--ckpt-every", "2", "--log-every", "1"]
 
@@ -77,3 +82,12 @@ def test_a_restart_in_a_new_process_takes_its_graphs_from_the_run_directorys_cac
     assert second["result"]["resumed"]["step"] == 2 and second["result"]["steps_run"] == 2
     assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second["inductor"]
     assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second["inductor"]
+
+
+def test_torchs_default_passed_down_by_a_parent_that_compiled_is_not_the_jobs_choice(tmp_path, monkeypatch):
+    # A parent that compiled has torch's default in its environment (torch writes it there on its first ask);
+    # a child that reads it at import must still use the run's cache, else it compiles into node-local /tmp.
+    monkeypatch.setattr(parallel, "_JOB_COMPILE_CACHE", parallel._torch_default_compile_cache())
+    run_cache = tmp_path / "run" / "cache" / "compile"
+    used, files = use_compile_cache(run_cache)
+    assert used == run_cache and files == 0 and os.environ[COMPILE_CACHE_ENV] == str(run_cache)
