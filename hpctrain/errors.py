@@ -6,7 +6,7 @@ Every message is one line that names the problem and what to do. The CLIs turn t
 
 from __future__ import annotations
 
-__all__ = ["HpctrainError", "UsageError", "CheckpointFormatError"]
+__all__ = ["HpctrainError", "UsageError", "CheckpointFormatError", "InJobRecoveryFallback"]
 
 
 class HpctrainError(Exception):
@@ -27,3 +27,15 @@ class CheckpointFormatError(HpctrainError):
 
     The message names the file. Restore quarantines a step that raises it and falls back to an older one.
     """
+
+
+class InJobRecoveryFallback(HpctrainError):
+    """In-job recovery could not keep the run going (no warm spare left, a second failure during the recovery,
+    the recovery's bound passed): this rank ends as after any peer failure, and the existing path (a new step on
+    a spare node, else the requeue) restarts the run from its last commit.
+
+    Raised *from* the peer failure that started the recovery, so :func:`hpctrain.runtime.preemption.is_peer_failure`
+    and the Runner's end classify it as that failure; the message is the one line saying why it fell back.
+    """
+
+    exit_code = 1
