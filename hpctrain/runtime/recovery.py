@@ -182,8 +182,6 @@ class InJobRecovery:
         self.uid = f"r{rank}" if rank is not None else f"s{spare}"
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.job_id, self.restart_count = job_id, restart_count
-        # the store's timeout bounds the new generation's rendezvous too (init_process_group leaves a given
-        # store's as it is): a replacement that never comes fails the re-forming within collective_timeout_s
         self.store = _client(host, port, config.collective_timeout_s)
         self.generation = 0
         self.members: tp.Dict[int, str] = {r: f"r{r}" for r in range(world_size)}
@@ -288,6 +286,11 @@ class InJobRecovery:
 
     # ---------------------------------------------------------------------------------- the phases
     def _form_group(self, generation: int) -> None:
+        # The store's timeout bounds the rendezvous (init_process_group leaves a given store's as it is): the
+        # job's first one waits for the slowest start-up, a re-forming only for processes that are already up,
+        # so a replacement that never comes fails it within collective_timeout_s (a second failure).
+        wait_s = self.config.agree_timeout_s if generation == 0 else self.config.collective_timeout_s
+        self.store.set_timeout(datetime.timedelta(seconds=wait_s))
         prefix = dist.PrefixStore(f"{_KEY}/g{generation}/pg", self.store)
         timeout = datetime.timedelta(seconds=self.config.collective_timeout_s)
         kwargs: tp.Dict[str, tp.Any] = {}

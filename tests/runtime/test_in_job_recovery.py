@@ -130,7 +130,9 @@ def _train(role: str, index: int, world_size: int, port: int, opts: tp.Dict[str,
             batch = next(batches)
             out = ddp(batch[0])
             if role == "rank" and index == opts.get("victim") and step + 1 == opts.get("kill_at"):
-                os.kill(os.getpid(), signal.SIGKILL)  # mid-step: after the forward, before the backward's all-reduce
+                # mid-step: after the forward, before the backward's all-reduce. SIGSTOP: a rank whose sockets stay
+                # open (its node hangs): the survivors' collective ends only at collective_timeout_s
+                os.kill(os.getpid(), opts.get("signal", signal.SIGKILL))
             torch.nn.functional.mse_loss(out, batch[1]).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -178,9 +180,13 @@ def _launch(world_size: int, spares: int, opts: tp.Dict[str, tp.Any], timeout: f
         }
         for p in procs.values():
             p.start()
-        for p in procs.values():
-            p.join(timeout)
-        hung = [w for w, p in procs.items() if p.is_alive()]
+        frozen = opts.get("signal") == signal.SIGSTOP
+        for w, p in procs.items():
+            if not (frozen and w == ("rank", opts.get("victim"))):
+                p.join(timeout)
+        if frozen:  # the stopped victim: every other process is done, end it as its node's failure would
+            procs[("rank", opts["victim"])].kill()
+        hung = [w for w, p in procs.items() if p.is_alive() and not (frozen and w == ("rank", opts["victim"]))]
         for w in hung:
             procs[w].kill()
             procs[w].join()
@@ -229,6 +235,25 @@ def test_a_killed_rank_is_replaced_by_the_warm_spare_and_the_model_is_bit_identi
     assert all(v is not None and v >= 0 for v in phases.values()), phases
     assert record["failure_to_first_step_s"] > 0
     assert finals[0]["records"][0]["agreed_step"] == kill_at - 1  # every rank keeps it; only the source writes it
+
+
+def test_a_frozen_rank_is_found_by_the_collective_timeout_and_replaced(tmp_path, reference_digest):
+    from hpctrain.ledger import Ledger
+
+    opts = {
+        "config": {**QUICK, "spares": 1, "collective_timeout_s": 4.0},
+        "steps": STEPS,
+        "victim": 2,
+        "kill_at": 5,
+        "signal": signal.SIGSTOP,
+        "run_dir": str(tmp_path),
+    }
+    results, codes = _launch(3, 1, opts)
+    assert codes[("rank", 0)] == codes[("rank", 1)] == codes[("spare", 0)] == 0, results
+    assert {results[w][1]["digest"] for w in (("rank", 0), ("rank", 1), ("spare", 0))} == {reference_digest}
+    (record,) = Ledger(tmp_path).records("in_job_recovery")
+    assert record["failed_ranks"] == [2] and record["agreed_step"] == 4
+    assert record["phases_s"]["detect"] >= 3.0  # found by the bounded collective, not by a closed socket
 
 
 def test_without_a_spare_the_survivors_fall_back_with_one_line_as_a_peer_failure(tmp_path, capfd):
@@ -284,3 +309,40 @@ def test_a_bad_option_is_one_line_naming_it(kwargs, option):
     with pytest.raises(UsageError) as got:
         RecoveryConfig(**kwargs)
     assert str(got.value).startswith(option) and "\n" not in str(got.value)
+
+
+def _broadcast(rank: int, world_size: int) -> tp.Any:
+    import torch
+
+    from hpctrain.runtime.state_transfer import broadcast_state
+
+    torch.manual_seed(7)
+    state = {
+        "w": torch.randn(3, 5, dtype=torch.float64),
+        "mask": torch.rand(4) > 0.5,
+        "nested": [torch.arange(6, dtype=torch.int64).view(2, 3), (torch.tensor(3.0), "text", 5)],
+        "empty": torch.empty(0, 2),
+        "strided": torch.randn(4, 4).t(),
+        "plain": {"epoch": 2, "name": None},
+    }
+    got = broadcast_state(state if rank == 0 else None, src=0, rank=rank)
+    if rank == 0:
+        return got is state
+    same = all(
+        a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        for a, b in [
+            (got["w"], state["w"]),
+            (got["mask"], state["mask"]),
+            (got["nested"][0], state["nested"][0]),
+            (got["nested"][1][0], state["nested"][1][0]),
+            (got["empty"], state["empty"]),
+            (got["strided"], state["strided"]),
+        ]
+    )
+    return same and got["nested"][1][1:] == ("text", 5) and got["plain"] == state["plain"]
+
+
+def test_broadcast_state_copies_every_dtype_and_shape_exactly():
+    from tests.multiproc import run_world
+
+    assert run_world(_broadcast, 2).results == [True, True]
