@@ -37,6 +37,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
+import stat
 import sys
 import threading
 import time
@@ -144,6 +146,38 @@ class _Heartbeat:
         self._thread.join(timeout=5 * self.period + 1.0)
 
 
+def _sockets() -> tp.Dict[int, int]:
+    """This process's open sockets: fd -> inode (an inode is one socket for its life, a number is reused)."""
+    out: tp.Dict[int, int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            st = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISSOCK(st.st_mode):
+            out[int(name)] = st.st_ino
+    return out
+
+
+def _close_for_peers(pairs: tp.Mapping[int, int]) -> None:
+    """Half-close (SHUT_WR) a broken gloo generation's sockets, so each peer still blocked in a collective with
+    this rank reads EOF and fails at once instead of at collective_timeout_s. Why by hand: gloo has no abort,
+    and destroy_process_group does not close them (the failed work and DDP's reducer keep the context alive);
+    a full close (SHUT_RDWR) makes gloo's loop thread throw and terminate the process. The inode check skips an
+    fd that gloo closed and the process reused."""
+    for fd, inode in pairs.items():
+        try:
+            if os.fstat(fd).st_ino != inode:
+                continue
+            dup = socket.socket(fileno=os.dup(fd))
+            try:
+                dup.shutdown(socket.SHUT_WR)
+            finally:
+                dup.close()  # the duplicate only: gloo's fd stays open until gloo closes it
+        except OSError:  # closed by gloo already (the dead peer's pair), or its listening socket: nothing to do
+            continue
+
+
 def _client(host: str, port: int, timeout_s: float) -> tp.Any:
     return dist.TCPStore(
         host, port, is_master=False, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
@@ -191,6 +225,7 @@ class InJobRecovery:
         self.records: tp.List[tp.Dict[str, tp.Any]] = []
         """This process's recoveries, each the ledger record (every rank keeps it; the source writes it)."""
         self._pending: tp.Optional[tp.Dict[str, tp.Any]] = None
+        self._pairs: tp.Dict[int, int] = {}
         self._heartbeat = _Heartbeat(host, port, self.uid, config.heartbeat_s)
 
     # ---------------------------------------------------------------------------------- training ranks
@@ -212,6 +247,7 @@ class InJobRecovery:
             record["phases_s"]["first_step"] = now - record.pop("_t_transferred")
             failed_at = record.get("failed_at")
             record["failure_to_first_step_s"] = now - failed_at if failed_at is not None else None
+            record["first_step_at"] = now
             self.records.append(record)
             if self.rank == record["source_rank"]:
                 self._append(record)
@@ -233,7 +269,9 @@ class InJobRecovery:
         aborted = time.time()
         if left is not None:
             raise self._fallback(error, left)
-        self.store.set(f"{_KEY}/g{g}/arrived/{self.rank}", json.dumps({"step": self.step, "detected_at": detected}))
+        why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        arrival = {"step": self.step, "detected_at": detected, "error": why}
+        self.store.set(f"{_KEY}/g{g}/arrived/{self.rank}", json.dumps(arrival))
         plan = self._agree(g)
         agreed = time.time()
         if plan.get("fallback"):
@@ -301,9 +339,12 @@ class InJobRecovery:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         if self.device.type == "cuda":
             kwargs["device_id"] = self.device  # eager NCCL init on the device this process already holds
+        before = _sockets() if self.backend == "gloo" else {}
         dist.init_process_group(
             self.backend, store=prefix, rank=self.rank, world_size=self.world_size, timeout=timeout, **kwargs
         )
+        # gloo connects the full mesh here: the sockets new since `before` are this generation's pairs
+        self._pairs = {fd: ino for fd, ino in _sockets().items() if before.get(fd) != ino}
         self.generation = generation
 
     def _leave_group(self) -> tp.Optional[str]:
@@ -319,6 +360,7 @@ class InJobRecovery:
                         # and a destroy would wait for it; abort frees them (the CUDA context stays).
                         dist.distributed_c10d._abort_process_group()
                     else:
+                        _close_for_peers(self._pairs)
                         dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001 - reported as the fallback's reason
                 failure.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -399,6 +441,8 @@ class InJobRecovery:
             "agreed_step": agreed,
             "source_rank": source,
             "survivor_steps": {str(r): int(a["step"]) for r, a in sorted(arrived.items())},
+            # what each survivor's collective said: a closed connection, or the collective's timeout
+            "survivor_errors": {str(r): a.get("error") for r, a in sorted(arrived.items())},
             "replaced": replaced,
             "members": members,
             "spares_used": self.spares_used + [x["spare"] for x in replaced],
@@ -458,6 +502,7 @@ class InJobRecovery:
             "interrupted_step": plan["agreed_step"] + 1,
             "steps_redone": 1,  # the interrupted step: begun by the survivors, completed by none, run again
             "survivor_steps": plan["survivor_steps"],
+            "survivor_errors": plan.get("survivor_errors"),
             "source_rank": plan["source_rank"],
             "replaced": plan["replaced"],
             "world_size": self.world_size,

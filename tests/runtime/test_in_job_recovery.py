@@ -237,6 +237,20 @@ def test_a_killed_rank_is_replaced_by_the_warm_spare_and_the_model_is_bit_identi
     assert finals[0]["records"][0]["agreed_step"] == kill_at - 1  # every rank keeps it; only the source writes it
 
 
+def test_four_ranks_every_survivor_learns_of_the_failure_from_a_closed_connection_not_the_timeout(tmp_path):
+    """In a ring of 4 the rank opposite the dead one waits on a survivor, not on the dead rank: it learns of the
+    failure only because that survivor half-closes its sockets when it leaves the group."""
+    from hpctrain.ledger import Ledger
+
+    opts = {"config": {**QUICK, "spares": 1}, "steps": 8, "victim": 3, "kill_at": 4, "run_dir": str(tmp_path)}
+    results, codes = _launch(4, 1, opts)
+    assert [codes[("rank", r)] for r in range(3)] == [0, 0, 0] and codes[("spare", 0)] == 0, results
+    assert len({results[w][1]["digest"] for w in results if w != ("rank", 3)}) == 1
+    (record,) = Ledger(tmp_path).records("in_job_recovery")
+    assert sorted(record["survivor_errors"]) == ["0", "1", "2"]
+    assert not [e for e in record["survivor_errors"].values() if "timed out" in e.lower()], record["survivor_errors"]
+
+
 def test_a_frozen_rank_is_found_by_the_collective_timeout_and_replaced(tmp_path, reference_digest):
     from hpctrain.ledger import Ledger
 
