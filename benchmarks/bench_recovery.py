@@ -16,6 +16,9 @@ Both figures in one run, on this machine's processes (gloo on CPU; ``--backend n
   steps. ``failure_to_first_step_s``: the kill -> the first step of the new processes (rank 0); the steps since
   that commit are redone. A Slurm restart adds srun's start of a new step (or the queue) on top of this.
 
+Exit 0 when every in-job run ended bit-exact, 1 when one did not; with ``--backend nccl``, 2 without CUDA and 3
+with fewer GPUs than ``--world`` + 1 (one line on stderr; ``gpu_checks.sh`` calls both skipped).
+
 ``ratio`` = restart / in_job (median over ``--repeat``), with the model size, the load average before and
 after, and whether the final parameters of the in-job run equal those of an uninterrupted run (``bit_exact``).
 """
@@ -143,6 +146,7 @@ def _train(role: str, index: int, port: int, opts: tp.Dict[str, tp.Any], out: st
                 _now_file(opts["killed_at"])
                 os.kill(os.getpid(), signal.SIGKILL)
             loss.backward()
+            rec.check()  # NCCL: a peer's failure is reported here, before the optimizer step
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -228,9 +232,16 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     if args.backend == "nccl":
         import torch
 
-        if not torch.cuda.is_available() or torch.cuda.device_count() < args.world + 1:
-            print("bench_recovery: --backend nccl needs one GPU per rank and one for the spare", file=sys.stderr)
+        if not torch.cuda.is_available():
+            print("bench_recovery: CUDA is not available on this machine; run it on a GPU node", file=sys.stderr)
             return 2
+        if torch.cuda.device_count() < args.world + 1:
+            print(
+                f"bench_recovery: --backend nccl --world {args.world} needs {args.world + 1} GPUs (one per rank, one "
+                f"for the spare), this machine has {torch.cuda.device_count()}",
+                file=sys.stderr,
+            )
+            return 3  # gpu_checks.sh: skipped, said so
     load_before = os.getloadavg()
     rounds = []
     for _ in range(args.repeat):

@@ -190,8 +190,9 @@ class InJobRecovery:
     ``host``/``port``: a TCPStore server that outlives every rank (not rank 0's: rank 0 may be the one that
     dies). ``state``: what is sent and loaded (:class:`~hpctrain.runtime.state_transfer.ReplicatedState`).
     ``run_dir``: where the ``in_job_recovery`` record goes (the source rank writes it; None: only
-    :attr:`records`). A rank calls :meth:`start`, :meth:`completed` after every step, :meth:`recover` with
-    the exception a step raised, and :meth:`finish`; a spare calls :meth:`stand_by`, then does the same."""
+    :attr:`records`). A rank calls :meth:`start`, :meth:`check` between the backward and the optimizer step,
+    :meth:`completed` after every step, :meth:`recover` with the exception a step raised, and :meth:`finish`;
+    a spare calls :meth:`stand_by`, then does the same."""
 
     def __init__(
         self,
@@ -235,6 +236,22 @@ class InJobRecovery:
         self._form_group(0)
         self.step = step
         self.state.boundary()
+
+    def check(self) -> None:
+        """Between the backward and the optimizer step: raise the peer failure of this generation, if any.
+
+        gloo raises in the collective itself, so this is a no-op there. NCCL runs the all-reduce on a stream and
+        reports a dead peer later (its watchdog aborts the communicator at collective_timeout_s): without this,
+        a survivor would step its optimizer on half-reduced gradients and call the step completed. Costs a
+        device synchronisation per step on GPU."""
+        if self.backend != "nccl":
+            return
+        torch.cuda.synchronize(self.device)  # the step's all-reduce finished, or NCCL's watchdog aborted it
+        error = dist.group.WORLD._get_backend(self.device).get_error()
+        name = getattr(error, "name", str(error))
+        if name != "SUCCESS":
+            # the text is_peer_failure() knows: recover() takes it as the peer failure it is
+            raise RuntimeError(f"NCCL communicator was aborted: {name} in generation {self.generation}")
 
     def completed(self, step: int) -> None:
         """After every completed optimizer step: the boundary snapshot; the first step after a recovery also
