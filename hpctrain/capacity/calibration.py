@@ -259,21 +259,26 @@ def _identity_data(paths: RunDir, notes: tp.List[str]) -> tp.Dict[str, tp.Any]:
 
 
 def _input(recs: tp.Sequence[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, tp.Any]:
-    """Bytes read per sample and one rank's read rate from the interval records' ``input`` (rank 0's loader): the
-    medians over the intervals that read."""
-    per_sample, rate = [], []
+    """Bytes read per sample and one rank's read rate from the interval records' ``input`` (rank 0's loader), over
+    all the intervals used: total bytes read / total samples (an interval's reads need not end on its batches: the
+    readers read ahead), total bytes read / total reader seconds x readers."""
+    read = secs = samples = 0.0
+    readers: tp.List[float] = []
     for r in recs:
         got = r.get("input")
         if not isinstance(got, dict):
             continue
-        read, secs, samples, readers = (got.get(k) for k in ("bytes_read", "read_s", "samples", "readers"))
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (read, secs, samples, readers)):
+        vals = [got.get(k) for k in ("bytes_read", "read_s", "samples", "readers")]
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vals):
             continue
-        if read > 0 and samples > 0:
-            per_sample.append(read / samples)
-        if read > 0 and secs > 0 and readers >= 1:
-            rate.append(read / secs * readers)
-    return {"read_bytes_per_sample": _median(per_sample), "rank_read_rate": _median(rate)}
+        if vals[0] < 0 or vals[1] < 0 or vals[2] < 0 or vals[3] < 1:
+            continue
+        read, secs, samples = read + vals[0], secs + vals[1], samples + vals[2]
+        readers.append(vals[3])
+    return {
+        "read_bytes_per_sample": read / samples if read > 0 and samples > 0 else None,
+        "rank_read_rate": read / secs * max(readers) if read > 0 and secs > 0 else None,
+    }
 
 
 def _stage(paths: RunDir, notes: tp.List[str]) -> tp.Dict[str, tp.Any]:
