@@ -59,6 +59,7 @@ __all__ = [
     "append_jsonl_atomic",
     "dumps_record",
     "STAGE_ENV",
+    "STAGE_SCHEMA",
 ]
 
 METRICS_SCHEMA = "hpctrain.train.metrics/1"
@@ -66,6 +67,10 @@ LEDGER_SCHEMA = "hpctrain.train.ledger/1"
 PROBE_SCHEMA = "hpctrain.capacity.allreduce/1"
 """The all-reduce probe's record (:attr:`RunDir.capacity_probe`): written by :mod:`hpctrain.launch.probe`, read by
 :mod:`hpctrain.capacity.calibration`."""
+
+STAGE_SCHEMA = "hpctrain.data.stage/1"
+"""A node's stage record (:meth:`RunDir.stage_record`): written by :mod:`hpctrain.data.stage`, read by it (the
+loader's local copies) and by :mod:`hpctrain.capacity.calibration` (copy time per node)."""
 
 STAGE_ENV = "HPCTRAIN_STAGE_RUN_DIR"
 """Exported by the batch script of a job that stages its inputs (``submit --stage``): the run directory, whose

@@ -74,6 +74,13 @@ def _bound(row: tp.Dict[str, tp.Any], f: Fitted, ckpt_loss: float) -> tp.Tuple[s
             "a larger local batch, more overlap (smaller DDP buckets) or a faster interconnect (--busbw) would change "
             "this"
         )
+    if name == "storage" and row["input"]["storage_bound"]:
+        inp = row["input"]
+        return "storage", (
+            f"data wait reaches {parts['data_wait_s'] / step:.0%} of the step at {_nodes(n)}: the file system's share "
+            f"of a node ({_gb(inp['storage_share'])}) is below the {_gb(inp['node_read_need'])} it needs to hide "
+            f"its reads; {row['staging']['verdict']}; or raise the read bandwidth"
+        )
     if name == "storage":
         need = row["read_bw_per_node"]
         what = f" (needs {_gb(need)} per node)" if need else ""

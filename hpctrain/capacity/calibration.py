@@ -14,7 +14,10 @@ ranks gives two). Everything comes from the records hpctrain already writes (doc
   dataset size the loader recorded (``data_state.loader.num_samples``);
 * ``identity/``: the data fingerprint's HDF5 structure (samples and bytes per sample);
 * ``submission.json``: GPUs per node and the time limit;
-* ``capacity/allreduce.json``: the all-reduce probe of ``hpctrain.launch.probe`` when the run had one.
+* ``capacity/allreduce.json``: the all-reduce probe of ``hpctrain.launch.probe`` when the run had one;
+* the interval records' ``input`` (rank 0's loader: bytes read, reader seconds, readers, samples): bytes read
+  per sample and the rate a rank's readers read at; ``stage/<attempt>/<node>.json`` (``submit --stage``): what
+  each node copied and how long it took.
 
 Each field says where it came from; a missing record is a ``None`` field and one line in ``notes``.
 """
@@ -32,7 +35,7 @@ from pathlib import Path
 from hpctrain._files import shorten
 from hpctrain.errors import UsageError
 from hpctrain.run import checkpoint_dir as run_checkpoint_dir
-from hpctrain.rundir import PROBE_SCHEMA, RunDir, read_json, read_jsonl
+from hpctrain.rundir import PROBE_SCHEMA, STAGE_SCHEMA, RunDir, read_json, read_jsonl
 from hpctrain.status.schema import SCHEMAS, sanitize
 
 __all__ = ["Calibration", "PROBE_SCHEMA", "probe_path", "read_calibrations"]
@@ -89,6 +92,22 @@ class Calibration:
     grad_bytes: tp.Optional[int] = None
     dataset_samples: tp.Optional[int] = None
     bytes_per_sample: tp.Optional[float] = None
+    """Bytes per sample of the dataset's arrays (the HDF5 structure in ``identity/``)."""
+    dataset_bytes: tp.Optional[int] = None
+    """The input files' size (the data fingerprint): what a stage copies."""
+    read_bytes_per_sample: tp.Optional[float] = None
+    """The loader's bytes read per sample delivered (``input``: read amplification included; decoded size)."""
+    rank_read_rate: tp.Optional[float] = None
+    """Bytes/s one rank's readers read at together: bytes read / reader seconds x readers (``input``)."""
+    staged: bool = False
+    """The run read node-local copies (it has stage records): its read rate is the node-local one."""
+    stage_nodes: int = 0
+    stage_bytes: tp.Optional[float] = None
+    """Bytes a node staged (copied or reused; the median over nodes and attempts)."""
+    stage_copy_s: tp.Optional[float] = None
+    """Seconds a node took to copy, over the records that copied (the median)."""
+    stage_copy_rate: tp.Optional[float] = None
+    """Bytes copied / copy seconds of a node (the median)."""
     total_steps: tp.Optional[int] = None
     time_limit_s: tp.Optional[float] = None
     probe: tp.Optional[tp.Dict[str, tp.Any]] = None
@@ -212,6 +231,8 @@ def _identity_data(paths: RunDir, notes: tp.List[str]) -> tp.Dict[str, tp.Any]:
         manifest = read_json(path, problems) or {}
         files = (manifest.get("data") or {}).get("files") or []
         samples, per_sample = 0, None
+        sizes = [((f or {}).get("cheap") or {}).get("size") for f in files]
+        total = sum(int(x) for x in sizes if isinstance(x, int) and not isinstance(x, bool) and x > 0) or None
         for f in files:
             structure = ((f or {}).get("cheap") or {}).get("structure") or {}
             shapes = [
@@ -233,8 +254,60 @@ def _identity_data(paths: RunDir, notes: tp.List[str]) -> tp.Dict[str, tp.Any]:
                     size += math.prod(int(x) for x in shape[1:]) * int(m.group(1))
             per_sample = size or per_sample
         if samples:
-            return {"dataset_samples": samples, "bytes_per_sample": per_sample}
+            return {"dataset_samples": samples, "bytes_per_sample": per_sample, "dataset_bytes": total}
     return {}
+
+
+def _input(recs: tp.Sequence[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, tp.Any]:
+    """Bytes read per sample and one rank's read rate from the interval records' ``input`` (rank 0's loader), over
+    all the intervals used: total bytes read / total samples (an interval's reads need not end on its batches: the
+    readers read ahead), total bytes read / total reader seconds x readers."""
+    read = secs = samples = 0.0
+    readers: tp.List[float] = []
+    for r in recs:
+        got = r.get("input")
+        if not isinstance(got, dict):
+            continue
+        vals = [got.get(k) for k in ("bytes_read", "read_s", "samples", "readers")]
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vals):
+            continue
+        if vals[0] < 0 or vals[1] < 0 or vals[2] < 0 or vals[3] < 1:
+            continue
+        read, secs, samples = read + vals[0], secs + vals[1], samples + vals[2]
+        readers.append(vals[3])
+    return {
+        "read_bytes_per_sample": read / samples if read > 0 and samples > 0 else None,
+        "rank_read_rate": read / secs * max(readers) if read > 0 and secs > 0 else None,
+    }
+
+
+def _stage(paths: RunDir, notes: tp.List[str]) -> tp.Dict[str, tp.Any]:
+    """What ``submit --stage`` did on each node (``RUN_DIR/stage/<attempt>/<node>.json``): bytes, copy seconds."""
+    try:
+        records = sorted((paths.root / "stage").glob("*/*.json"))
+    except OSError:
+        return {}
+    got, problems = [], []
+    for path in records:
+        rec = read_json(path, problems)
+        if isinstance(rec, dict) and rec.get("schema") == STAGE_SCHEMA:
+            got.append(rec)
+    notes += problems[:3]
+    if not got:
+        return {}
+
+    def num(rec: tp.Mapping[str, tp.Any], key: str) -> float:
+        v = rec.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+
+    copied = [r for r in got if num(r, "bytes_copied") > 0 and num(r, "copy_seconds") > 0]
+    return {
+        "staged": True,
+        "stage_nodes": len({r.get("node") for r in got}),
+        "stage_bytes": _median([num(r, "bytes_copied") + num(r, "bytes_reused") for r in got]),
+        "stage_copy_s": _median([num(r, "copy_seconds") for r in copied]),
+        "stage_copy_rate": _median([num(r, "bytes_copied") / num(r, "copy_seconds") for r in copied]),
+    }
 
 
 def _probe(paths: RunDir, notes: tp.List[str]) -> tp.Optional[tp.Dict[str, tp.Any]]:
@@ -338,6 +411,7 @@ def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Cal
     every_steps = policy.get("every_steps") if isinstance(policy.get("every_steps"), int) else None
     ckpt_dir = str(run_checkpoint_dir(paths, starts))  # the run's (hpctrain.run.checkpoint_dir)
     shared: tp.Dict[str, tp.Any] = {**_identity_data(paths, notes), **_checkpoint(ckpt_dir, notes)}
+    shared.update(_stage(paths, notes))
     fresh = [s["startup_s"] for s in starts if not s.get("resumed_from_step") and s.get("startup_s") is not None]
     resumed = [s for s in starts if s.get("resumed_from_step") and s.get("startup_s") is not None]
     startup = _median(fresh)
@@ -384,6 +458,7 @@ def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Cal
             total_steps=next((r.get("total_steps") for r in reversed(recs) if r.get("total_steps")), None),
             time_limit_s=time_limit,
             probe=probe,
+            **_input(recs),
             notes=list(notes),
             **shared,
         )

@@ -24,7 +24,7 @@ from hpctrain._output import output_dir, output_file
 from hpctrain.errors import HpctrainError, UsageError
 from hpctrain.rundir import RunDir
 
-__all__ = ["main", "build_parser", "calibrate", "format_table"]
+__all__ = ["main", "build_parser", "calibrate", "format_table", "input_line", "staging_lines"]
 
 GB = 1e9
 
@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--busbw", type=_positive("--busbw"), help="all-reduce bus bandwidth between nodes, GB/s")
     t.add_argument("--latency-us", type=_nonneg("--latency-us"), help="all-reduce latency per message round, us")
     t.add_argument("--read-bw", type=_positive("--read-bw"), help="filesystem aggregate read bandwidth, GB/s")
+    t.add_argument(
+        "--local-read-bw", type=_positive("--local-read-bw"), help="a node's read rate from node-local storage, GB/s"
+    )
     t.add_argument("--write-bw", type=_positive("--write-bw"), help="filesystem aggregate write bandwidth, GB/s")
     fail = t.add_mutually_exclusive_group()
     fail.add_argument("--mtbf-node-hours", type=_positive("--mtbf-node-hours"), help="hours between failures of a node")
@@ -153,6 +156,7 @@ def _targets(ns: argparse.Namespace) -> tp.Any:
         busbw=gb(ns.busbw),
         latency_s=ns.latency_us * 1e-6 if ns.latency_us is not None else None,
         read_bw=gb(ns.read_bw),
+        local_read_bw=gb(ns.local_read_bw),
         write_bw=gb(ns.write_bw),
         mtbf_node_hours=ns.mtbf_node_hours,
         failure_rate=ns.failure_rate,
@@ -283,6 +287,49 @@ def _model_line(report: tp.Mapping[str, tp.Any]) -> str:
     )
 
 
+def _gbs(x: tp.Any) -> str:
+    return f"{_fmt(x / GB, '.3g')} GB/s" if _finite(x) else "?"
+
+
+def input_line(report: tp.Mapping[str, tp.Any]) -> str:
+    """The input path in one line: bytes per sample, a node's read rate, the file system's aggregate bandwidth and
+    the node count where storage becomes the bound (``summary.storage_bound_from``)."""
+    md = report["model"]
+
+    def src(name: str) -> str:
+        note = md[name]["note"]
+        return f"{md[name]['source']}{': ' + note if note else ''}"
+
+    bps = md["bytes_per_sample"]["value"]
+    head = (
+        f"input     {_fmt(bps, ',.0f')} B/sample ({src('bytes_per_sample')}) · a node reads "
+        f"{_gbs(md['node_read_rate']['value'])} ({src('node_read_rate')}) · file system "
+    )
+    agg = md["read_bw"]["value"]
+    if not agg:
+        return head + "bandwidth unknown: give --read-bw GB/s (aggregate) to find where storage becomes the bound"
+    head += f"{_gbs(agg)} aggregate ({md['read_bw']['source']})"
+    if not bps:
+        return head + ": no bytes per sample recorded, the storage bound is not modelled"
+    bound = (report["summary"] or {}).get("storage_bound_from")
+    top = max(r["nodes"] for r in report["rows"])
+    if bound is None:
+        return head + f": storage is not the bound up to {top} nodes"
+    at = next((r for r in report["rows"] if r["nodes"] == bound and r.get("feasible")), None)
+    need = f" (a node needs {_gbs(at['input']['node_read_need'])}, gets {_gbs(agg / bound)})" if at else ""
+    return head + f": storage becomes the bound at {bound} node{'s' if bound > 1 else ''}{need}"
+
+
+def staging_lines(report: tp.Mapping[str, tp.Any]) -> tp.List[str]:
+    """When staging pays off, at the first row storage bounds and at the largest node count."""
+    rows = [r for r in report["rows"] if r.get("feasible") and r.get("staging")]
+    if not rows:
+        return []
+    bound = [r for r in rows if r["input"]["storage_bound"]]
+    show = ([bound[0]] if bound else []) + ([rows[-1]] if not bound or rows[-1] is not bound[0] else [])
+    return [f"staging   at {r['nodes']} node{'s' if r['nodes'] > 1 else ''}: {r['staging']['verdict']}" for r in show]
+
+
 def _us(x: tp.Optional[float]) -> str:
     return _fmt((x or 0) * 1e6, ".3g")
 
@@ -301,6 +348,7 @@ def _print(report: tp.Mapping[str, tp.Any], file: tp.Optional[tp.TextIO] = None)
             f"{_ms(c['other_s'])}), {c['intervals']} intervals"
         )
     console.print(escape(_model_line(report)))
+    console.print(escape(input_line(report)))
     samples = report["model"]["samples"]
     console.print(
         f"target    {_fmt(samples['value'], ',.0f')} samples "
@@ -315,6 +363,8 @@ def _print(report: tp.Mapping[str, tp.Any], file: tp.Optional[tp.TextIO] = None)
             f"  {r['nodes']:>6} node{'s' if r['nodes'] > 1 else ' '}: [bold]{escape(r['bound'])}[/] — "
             f"{escape(r.get('advice', ''))}"
         )
+    for line in staging_lines(report):
+        console.print(escape(line))
     s = report["summary"]
     if s:
         half = s.get("efficiency_below_half_from")

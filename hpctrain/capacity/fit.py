@@ -59,7 +59,17 @@ class Fitted:
     data_floor_s: Param
     loader_samples_per_s: Param
     bytes_per_sample: Param
+    """Bytes the loader reads per sample (measured reads; else the dataset's arrays)."""
+    node_read_rate: Param
+    """Bytes/s a node's loaders read at when storage does not limit them."""
     read_bw: Param
+    """The file system's aggregate read bandwidth (given)."""
+    local_read_bw: Param
+    """Bytes/s a node reads from node-local storage (staged)."""
+    dataset_bytes: Param
+    """What a stage copies to each node."""
+    stage_copy_rate: Param
+    """A node's copy rate when staging (measured in the stage records)."""
     save_stall_s: Param
     save_commit_s: Param
     save_per_node_s: Param
@@ -232,6 +242,66 @@ def _per_regime(points: tp.Sequence[Calibration], name: str) -> tp.Dict[str, Par
     }
 
 
+def _input_path(
+    points: tp.Sequence[Calibration], targets: Targets, loader_rate: tp.Optional[float], notes: tp.List[str]
+) -> tp.Tuple[Param, Param, Param]:
+    """Bytes per sample, a node's read rate (shared storage) and a node's local read rate (docs/capacity.md "The
+    input path"): measured from the loader's reads where the interval records carry them (``input``)."""
+    read_bps = _median([p.read_bytes_per_sample for p in points])
+    array_bps = _median([p.bytes_per_sample for p in points])
+    if read_bps:
+        amp = f", {read_bps / array_bps:.2f}x the dataset's arrays" if array_bps else ""
+        bps = Param(read_bps, "measured", f"the loader's bytes read / samples{amp}")
+    elif array_bps:
+        bps = Param(array_bps, "measured", "the dataset's arrays (no loader reads recorded: read amplification 1)")
+    else:
+        bps = Param(None, "assumed", "unknown: no storage bound can be predicted")
+    rpn = targets.gpus_per_node or max(p.ranks_per_node for p in points)
+    shared = [p for p in points if not p.staged]
+    staged = [p for p in points if p.staged]
+    unit = bps.value or 1.0  # bytes per sample, or samples when bytes are unknown (then no aggregate bound)
+    if loader_rate:
+        rate = Param(loader_rate * rpn * unit, "measured", "a loader-bound calibration's delivered rate x ranks/node")
+    else:
+        per_rank = _median([p.rank_read_rate for p in shared])
+        rate = Param(
+            per_rank * rpn if per_rank else None,
+            "measured" if per_rank else "assumed",
+            "reader bytes / reader seconds x readers x ranks per node" if per_rank else "unknown: no node-side bound",
+        )
+    if targets.local_read_bw:
+        local = Param(targets.local_read_bw, "given")
+    elif _median([p.rank_read_rate for p in staged]):
+        local = Param(_median([p.rank_read_rate for p in staged]) * rpn, "measured", "a staged calibration's reads")
+    else:
+        local = Param(rate.value, "assumed", "as fast as the node's measured reads (no staged calibration)")
+    if targets.read_bw and not bps.value:
+        notes.append("--read-bw given but no bytes per sample recorded: the storage bound is not modelled")
+    return bps, rate, local
+
+
+def _staging(points: tp.Sequence[Calibration], bps: tp.Optional[float]) -> tp.Dict[str, Param]:
+    """What a stage copies per node and how fast a node copied (the stage records; else the input's size)."""
+    staged = _median([p.stage_bytes for p in points])
+    files = _median([p.dataset_bytes for p in points])
+    dataset = _median([p.dataset_samples for p in points])
+    if staged:
+        size = Param(staged, "measured", "the stage records")
+    elif files:
+        size = Param(files, "measured", "the input files' size (data fingerprint)")
+    elif dataset and bps:
+        size = Param(dataset * bps, "assumed", "dataset samples x bytes per sample")
+    else:
+        size = Param(None, "assumed", "unknown")
+    copy = _median([p.stage_copy_rate for p in points])
+    return {
+        "dataset_bytes": size,
+        "stage_copy_rate": Param(
+            copy, "measured" if copy else "assumed", "" if copy else "no stage record: bytes / the read rate"
+        ),
+    }
+
+
 def fit(points: tp.Sequence[Calibration], targets: Targets) -> Fitted:
     """The model's parameters from the calibration points and the targets."""
     if not points:
@@ -269,7 +339,7 @@ def fit(points: tp.Sequence[Calibration], targets: Targets) -> Fitted:
     )
     loader = Param(rate, "measured" if rate else "assumed", "" if rate else "never loader-bound at calibration")
     floor = Param(_median([p.data_wait_s for p in free]) or 0.0, "measured" if free else "assumed")
-    bps = _median([p.bytes_per_sample for p in points])
+    bps_p, rate_p, local_p = _input_path(points, targets, rate, notes)
 
     # saves: constant, or f + g/nodes when measured on several node counts
     stall = _median([p.save_stall_s for p in points])
@@ -332,8 +402,11 @@ def fit(points: tp.Sequence[Calibration], targets: Targets) -> Fitted:
         grad_bytes=grad_p,
         data_floor_s=floor,
         loader_samples_per_s=loader,
-        bytes_per_sample=Param(bps, "measured" if bps else "assumed"),
-        read_bw=Param(targets.read_bw, "given" if targets.read_bw else "assumed"),
+        bytes_per_sample=bps_p,
+        node_read_rate=rate_p,
+        read_bw=Param(targets.read_bw, "given" if targets.read_bw else "assumed", "" if targets.read_bw else "unknown"),
+        local_read_bw=local_p,
+        **_staging(points, bps_p.value),
         save_stall_s=Param(
             stall, "measured" if stall is not None else "assumed", "" if stall is not None else "= commit"
         ),

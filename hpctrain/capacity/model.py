@@ -25,8 +25,15 @@ __all__ = [
     "allreduce_seconds",
     "overlap_fraction",
     "compute_seconds",
-    "read_seconds",
+    "node_bytes_per_step",
+    "read_demand",
+    "node_read_need",
+    "node_read_rate",
+    "node_read_seconds",
+    "storage_bound",
     "data_wait_seconds",
+    "staging_seconds",
+    "staging_payoff_steps",
     "throughput",
     "scaling_efficiency",
     "gpu_hours",
@@ -75,23 +82,74 @@ def compute_seconds(local_batch: float, per_sample_s: float, per_step_s: float =
     return per_step_s + per_sample_s * local_batch
 
 
-def read_seconds(
-    local_batch: float,
-    *,
-    ranks: int,
-    bytes_per_sample: tp.Optional[float] = None,
-    loader_samples_per_s: tp.Optional[float] = None,
-    fs_read_bw: tp.Optional[float] = None,
+def node_bytes_per_step(local_batch: float, ranks_per_node: float, bytes_per_sample: float) -> float:
+    """Bytes one node's loaders read per step: ``ranks per node x local batch x bytes per sample``. Measured:
+    bytes per sample (the loader's bytes read / samples delivered, read amplification included) and the ranks
+    per node of the calibration; the local batch is the row's. Assumed: every rank reads alike (rank 0's
+    loader stands for all)."""
+    return ranks_per_node * local_batch * bytes_per_sample
+
+
+def read_demand(nodes: int, node_bytes: float, step_s: float) -> float:
+    """The aggregate read bandwidth ``N`` nodes ask of the shared file system: ``N x bytes per node per step /
+    step time`` (bytes/s). ``step_s`` is the predicted step (measured compute and the rest, fitted per node
+    count); 0 for a step of no time."""
+    return nodes * node_bytes / step_s if step_s > 0 else 0.0
+
+
+def node_read_need(node_bytes: float, overlapped_s: float) -> float:
+    """The read rate a node needs for its reads to hide behind the rest of the step (prefetch): ``bytes per node
+    per step / the rest of the step`` (bytes/s; infinite when nothing overlaps). The rest of the step is the
+    predicted compute, communication, optimizer and other of that node count."""
+    return node_bytes / overlapped_s if overlapped_s > 0 else math.inf
+
+
+def node_read_rate(
+    nodes: int, *, node_rate: tp.Optional[float] = None, aggregate_bw: tp.Optional[float] = None
 ) -> float:
-    """Time to deliver one step's batches: the slower of one rank's loader (``local_batch /
-    loader_samples_per_s``) and the filesystem serving every rank (``ranks * local_batch * bytes_per_sample /
-    fs_read_bw``). An unknown rate is no bound (0)."""
-    t = 0.0
-    if loader_samples_per_s:
-        t = local_batch / loader_samples_per_s
-    if fs_read_bw and bytes_per_sample:
-        t = max(t, ranks * local_batch * bytes_per_sample / fs_read_bw)
-    return t
+    """The read rate one node gets at ``N`` nodes: ``min(node rate, aggregate bandwidth / N)`` (bytes/s).
+    ``node_rate``: what a node's loaders read when storage does not limit them (measured: reader bytes / reader
+    seconds x readers x ranks per node; or a loader-bound calibration's delivered rate). ``aggregate_bw``: the
+    file system's aggregate read bandwidth (given, ``--read-bw``). Assumed: the file system shares its bandwidth
+    evenly between the nodes and a node's readers do not slow each other. An unknown rate is no bound (inf)."""
+    rate = node_rate if node_rate else math.inf
+    if aggregate_bw:
+        rate = min(rate, aggregate_bw / nodes)
+    return rate
+
+
+def node_read_seconds(node_bytes: float, rate: float) -> float:
+    """Time a node's loaders take to read one step's bytes at ``rate``: ``bytes / rate`` (0 at an infinite rate)."""
+    return 0.0 if math.isinf(rate) else node_bytes / rate
+
+
+def storage_bound(nodes: int, aggregate_bw: tp.Optional[float], need: float) -> bool:
+    """Storage is the bound at ``N`` nodes when its share of a node, ``aggregate bandwidth / N``, is below what
+    the node needs (:func:`node_read_need`). No aggregate bandwidth known: never."""
+    return bool(aggregate_bw) and aggregate_bw / nodes < need  # type: ignore[operator]
+
+
+def staging_seconds(
+    dataset_bytes: float,
+    nodes: int,
+    *,
+    copy_rate: tp.Optional[float] = None,
+    aggregate_bw: tp.Optional[float] = None,
+) -> tp.Optional[float]:
+    """What staging costs each node at ``N`` nodes: every node copies the whole input at once, so a node gets
+    ``min(copy rate, aggregate bandwidth / N)``: ``dataset bytes / that``. ``copy_rate``: a node's measured copy
+    rate (the stage records' bytes copied / copy seconds), else unknown; ``aggregate_bw`` given. None when neither
+    rate is known."""
+    rate = node_read_rate(nodes, node_rate=copy_rate, aggregate_bw=aggregate_bw)
+    return None if math.isinf(rate) else dataset_bytes / rate
+
+
+def staging_payoff_steps(copy_s: float, saved_per_step_s: float) -> tp.Optional[int]:
+    """Steps after which staging has paid for its copy: ``ceil(copy seconds / data wait removed per step)``;
+    None when it removes none (it never pays off)."""
+    if saved_per_step_s <= 0:
+        return None
+    return max(1, math.ceil(copy_s / saved_per_step_s))
 
 
 def data_wait_seconds(read_s: float, overlapped_s: float, floor_s: float = 0.0) -> float:

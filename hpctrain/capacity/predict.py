@@ -17,7 +17,7 @@ from dataclasses import asdict
 from hpctrain.capacity import model as m
 from hpctrain.capacity.calibration import Calibration
 from hpctrain.capacity.fit import Fitted, Param, fit, interconnect_from_probe
-from hpctrain.capacity.rows import _row, predict
+from hpctrain.capacity.rows import _row, predict, storage_bound_from
 from hpctrain.capacity.targets import DEFAULT_NODES, Targets
 
 __all__ = [
@@ -92,6 +92,7 @@ def capacity_report(
         summary["cheapest"] = min(feasible, key=lambda r: r["gpu_hours"] or math.inf)["nodes"]
         half = [r["nodes"] for r in feasible if r["efficiency"] is not None and r["efficiency"] < 0.5]
         summary["efficiency_below_half_from"] = min(half) if half else None
+        summary["storage_bound_from"] = storage_bound_from(f, targets.nodes)
     return {
         "schema": SCHEMA,
         "run_dirs": [os.fspath(d) for d in run_dirs],

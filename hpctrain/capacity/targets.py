@@ -42,6 +42,9 @@ class Targets:
     """All-reduce latency per message round in seconds; None = measured (probe) or 0."""
     read_bw: tp.Optional[float] = None
     """The filesystem's aggregate read bandwidth in bytes/s (None: no filesystem bound)."""
+    local_read_bw: tp.Optional[float] = None
+    """A node's read rate from its node-local storage in bytes/s, for when staging pays off (None: a staged
+    calibration's measured rate, else the node's measured read rate)."""
     write_bw: tp.Optional[float] = None
     """The filesystem's aggregate write bandwidth in bytes/s (None: saves as fast as measured)."""
     mtbf_node_hours: tp.Optional[float] = None
@@ -62,7 +65,7 @@ class Targets:
         check_int(self, "gpus_per_node", self.gpus_per_node, min=1, max=1024, none_ok=True)
         for name in ("samples", "epochs", "global_batch", "local_batch", "peak_flops", "busbw"):
             check_number(self, name, getattr(self, name), above=0, none_ok=True)
-        for name in ("read_bw", "write_bw", "mtbf_node_hours", "failure_rate", "time_limit_s"):
+        for name in ("read_bw", "local_read_bw", "write_bw", "mtbf_node_hours", "failure_rate", "time_limit_s"):
             check_number(self, name, getattr(self, name), above=0, none_ok=True)
         check_number(self, "latency_s", self.latency_s, min=0, none_ok=True)
         check_number(self, "queue_wait_s", self.queue_wait_s, min=0, none_ok=True)

@@ -168,6 +168,11 @@ class H5Loader:
     def local_batch_size(self) -> int:
         return self.config.global_batch_size // self.world_size
 
+    def interval_metrics(self) -> tp.Dict[str, tp.Any]:
+        """This rank's input since the previous call (:meth:`LoaderMetrics.interval`; ``readers`` = the worker
+        processes, 1 inline): the Trainer puts it in each metrics interval record as ``input``."""
+        return self.metrics.interval(readers=max(1, self.config.num_workers))
+
     def plan(self, epoch: tp.Optional[int] = None) -> EpochPlan:
         c = self.config
         order = EpochOrder(

@@ -48,6 +48,7 @@ class LoaderMetrics:
         self.read_s = 0.0
         self.num_steps = 0
         self._depth_sum = 0
+        self._mark = (0, 0, 0, 0, 0.0, 0.0)
 
     @property
     def last(self) -> tp.Optional[StepMetrics]:
@@ -69,6 +70,24 @@ class LoaderMetrics:
     def add_read(self, nbytes: int, seconds: float) -> None:
         self.bytes_read += nbytes
         self.read_s += seconds
+
+    def interval(self, readers: int = 1) -> tp.Dict[str, tp.Any]:
+        """What this loader did since the previous call (JSON-able; the Trainer's interval records carry it as
+        ``input``, the capacity planner reads it): ``steps``, ``samples`` and ``bytes`` delivered, ``bytes_read``
+        by the readers (decoded size), ``read_s`` (reader seconds, summed over ``readers`` that read in
+        parallel: worker processes, or 1 inline) and ``wait_s`` (the consumer blocked)."""
+        now = (self.num_steps, self.total_samples, self.total_bytes, self.bytes_read, self.read_s, self.total_wait_s)
+        d = [a - b for a, b in zip(now, self._mark)]
+        self._mark = now
+        return {
+            "steps": int(d[0]),
+            "samples": int(d[1]),
+            "bytes": int(d[2]),
+            "bytes_read": int(d[3]),
+            "read_s": float(d[4]),
+            "wait_s": float(d[5]),
+            "readers": int(readers),
+        }
 
     def summary(self) -> tp.Dict[str, tp.Any]:
         elapsed = (self.t_last - self.t0) if self.t0 is not None else 0.0

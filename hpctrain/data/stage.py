@@ -40,7 +40,7 @@ from pathlib import Path
 
 from hpctrain._atomic import TMP_NAME, atomic_write_chunks, atomic_write_json
 from hpctrain.errors import HpctrainError, UsageError
-from hpctrain.rundir import STAGE_ENV, RunDir, read_json
+from hpctrain.rundir import STAGE_ENV, STAGE_SCHEMA, RunDir, read_json
 
 __all__ = [
     "STAGE_SCHEMA",
@@ -56,7 +56,6 @@ __all__ = [
     "main",
 ]
 
-STAGE_SCHEMA = "hpctrain.data.stage/1"
 MARKER_SCHEMA = "hpctrain.data.stage-marker/1"
 VERIFY_MODES = ("full", "sample")
 _READ = 8 << 20  # bytes per read of a copy: large sequential reads, as from Lustre

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 import typing as tp
 
 from hpctrain._atomic import atomic_write_json
@@ -127,6 +128,12 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-metrics", action="store_true", help="no per-phase timing (for A/B runs of its cost)")
     p.add_argument("--quiet", action="store_true", help="no per-interval display")
     p.add_argument(
+        "--sleep-ms",
+        type=float,
+        default=0.0,
+        help="wait this long in each forward (a GPU's compute that leaves the CPU free: input-path benchmarks)",
+    )
+    p.add_argument(
         "--tensorboard",
         nargs="?",
         const=True,
@@ -150,6 +157,8 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if opts.layers < 0 or (isinstance(opts.activation_checkpoint, int) and opts.activation_checkpoint < 1):
         p.error("--layers must be >= 0, --activation-checkpoint none, full or K >= 1")
+    if not (0 <= opts.sleep_ms <= 60_000):
+        p.error("--sleep-ms must be from 0 to 60000")
     if opts.ckpt_every < 0 or opts.workers < 0 or opts.keep < 1 or opts.local_every < 0 or opts.global_every < 1:
         p.error("--ckpt-every, --local-every and --workers must be >= 0, --keep and --global-every >= 1")
     return opts
@@ -205,7 +214,12 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         with h5py.File(opts.data[0], "r", locking=False) as f:
             n_in, n_out = math.prod(f["x"].shape[1:]), opts.classes
         data: tp.Any = h5(opts.data, seed=opts.seed)
-        loss = lambda model, b: torch.nn.functional.cross_entropy(model(b["x"].float()), b["y"].long())
+
+        def loss(model: tp.Any, b: tp.Any) -> tp.Any:
+            if opts.sleep_ms:
+                time.sleep(opts.sleep_ms / 1e3)
+            return torch.nn.functional.cross_entropy(model(b["x"].float()), b["y"].long())
+
     else:
         n_in = n_out = opts.dim
         target = torch.randn(opts.dim, opts.dim, generator=torch.Generator().manual_seed(opts.seed)).to(ctx.device)

@@ -392,6 +392,8 @@ class Trainer:
                     extra = {"last_checkpoint_step": saver.last_step, "lr": lr}
                     if b.loader is not None:
                         extra["epoch"] = b.loader.epoch
+                        if hasattr(b.loader, "interval_metrics"):  # this rank's reads (the capacity planner's input)
+                            extra["input"] = b.loader.interval_metrics()
                     # rank 0's clock decides a time-based save, the interval's collective carries it to all
                     report = rec.flush(step, stop=self.stopping.local(step), save=saver.minutes_passed(), extra=extra)
                     self.display.show(report.record)

@@ -32,6 +32,7 @@ def make_run(
     startup_s: float = 10.0,
     flops_per_sample: float = 1e9,
     time: float = 1.8e9,
+    input_rec: tp.Optional[tp.Dict[str, tp.Any]] = None,
 ) -> Path:
     """A run directory of one attempt at ``world`` ranks on ``nodes`` hosts; every interval saves once (its
     checkpoint phase is ``save_stall_ms`` spread over its steps). Parts are per step, in milliseconds."""
@@ -69,6 +70,7 @@ def make_run(
                     "checkpoint_s": _stats(ck_ms / 1e3),
                 },
                 "last_checkpoint_step": step,
+                **({"input": input_rec} if input_rec is not None else {}),
             }
         )
     (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
@@ -103,3 +105,24 @@ def make_run(
         json.dumps({"job_id": "7", "config": {"gpus_per_node": 0, "time": "00:05:00"}})
     )
     return root
+
+
+def add_stage(root: Path, nodes: int, *, bytes_copied: float, copy_s: float, job: str = "7") -> None:
+    """Stage records of one attempt (``submit --stage``): every node copied ``bytes_copied`` in ``copy_s``."""
+    for i in range(nodes):
+        path = root / "stage" / f"{job}-r0" / f"node{i + 1}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "schema": "hpctrain.data.stage/1",
+            "node": f"node{i + 1}",
+            "job_id": job,
+            "restart_count": 0,
+            "verified": True,
+            "files": [],
+            "bytes_copied": bytes_copied,
+            "bytes_reused": 0,
+            "copy_seconds": copy_s,
+            "verify_seconds": 0.0,
+            "seconds": copy_s,
+        }
+        path.write_text(json.dumps(record))

@@ -24,6 +24,8 @@ ROW_KEYS = {
     "efficiency",
     "mfu",
     "read_bw_per_node",
+    "input",
+    "staging",
     "steps",
     "train_s",
     "checkpoint",
@@ -36,6 +38,16 @@ ROW_KEYS = {
     "bound",
     "advice",
 }
+
+INPUT_KEYS = {
+    "node_bytes_per_step",
+    "node_read_rate",
+    "node_read_need",
+    "storage_share",
+    "read_demand",
+    "storage_bound",
+}
+STAGING_KEYS = {"copy_s", "local_wait_s", "saved_per_step_s", "pays_off_after", "steps", "verdict"}
 
 
 @pytest.fixture
@@ -83,6 +95,7 @@ def test_json_report_follows_the_documented_schema(runs, capsys):
         assert set(row["parts"]) == {"data_wait_s", "compute_s", "comm_s", "optimizer_s", "other_s"}
         assert set(row["checkpoint"]) == {"save_stall_s", "save_commit_s", "young_s", "daly_s", "interval_steps"}
         assert set(row["failures"]) == {"job_mtbf_s", "restart_s", "expected", "lost_s"}
+        assert set(row["input"]) == INPUT_KEYS and set(row["staging"]) == STAGING_KEYS
         assert 0 < row["ettr"] <= 1 and row["mfu"] > 0 and row["segments"] >= 1
     for name, param in report["model"].items():
         if name != "notes":

@@ -26,13 +26,43 @@ def test_allreduce_time_latency_rounds_plus_bandwidth_term():
 
 def test_step_parts():
     assert m.compute_seconds(32, 1e-4, 2e-3) == pytest.approx(5.2e-3)
-    # the loader needs 5 ms a batch, the rest of the step takes 3 ms: 2 ms of wait
-    assert m.read_seconds(50, ranks=8, loader_samples_per_s=10_000) == pytest.approx(5e-3)
-    # 8 ranks x 50 samples x 1 MB over a 100 GB/s filesystem: 4 ms
-    assert m.read_seconds(50, ranks=8, bytes_per_sample=1e6, fs_read_bw=100e9) == pytest.approx(4e-3)
     assert m.data_wait_seconds(5e-3, 3e-3, floor_s=1e-4) == pytest.approx(2e-3)
     assert m.data_wait_seconds(1e-3, 3e-3, floor_s=1e-4) == pytest.approx(1e-4)
     assert m.throughput(32, 8, 0.1) == pytest.approx(2560.0)
+
+
+def test_input_path_by_hand():
+    # 4 ranks x 50 samples x 1 MB = 200 MB a node a step; the rest of the step 0.1 s: a node needs 2 GB/s
+    node = m.node_bytes_per_step(50, 4, 1e6)
+    assert node == pytest.approx(200e6)
+    assert m.node_read_need(node, 0.1) == pytest.approx(2e9) and m.node_read_need(node, 0.0) == float("inf")
+    # the node reads 3 GB/s, the file system 20 GB/s in all: 8 nodes get 2.5 GB/s each, 16 nodes 1.25 GB/s
+    assert m.node_read_rate(8, node_rate=3e9, aggregate_bw=20e9) == pytest.approx(2.5e9)
+    assert m.node_read_rate(16, node_rate=3e9, aggregate_bw=20e9) == pytest.approx(1.25e9)
+    assert m.node_read_rate(4, node_rate=3e9, aggregate_bw=20e9) == pytest.approx(3e9)  # the node's own rate
+    assert m.node_read_rate(4, node_rate=None, aggregate_bw=None) == float("inf")  # nothing known: no bound
+    assert m.node_read_seconds(node, 2.5e9) == pytest.approx(0.08) and m.node_read_seconds(node, float("inf")) == 0
+    # 8 nodes: 80 ms of reads hide behind 100 ms; 16 nodes: 160 ms, 60 ms of it waited for
+    assert m.data_wait_seconds(m.node_read_seconds(node, 2.5e9), 0.1) == 0.0
+    assert m.data_wait_seconds(m.node_read_seconds(node, 1.25e9), 0.1) == pytest.approx(0.06)
+    # saturated: 16 nodes at the 0.16 s step they get ask exactly the file system's 20 GB/s
+    assert m.read_demand(16, node, 0.16) == pytest.approx(20e9) and m.read_demand(3, node, 0.0) == 0.0
+    # storage is the bound from the first N with 20 GB/s / N < 2 GB/s: 10 gives exactly 2 (not yet), 11 does
+    assert [n for n in range(1, 13) if m.storage_bound(n, 20e9, 2e9)] == [11, 12]
+    assert not m.storage_bound(1000, None, 2e9)
+
+
+def test_staging_by_hand():
+    # 100 GB to every node at a measured 1 GB/s; 16 nodes share 20 GB/s (1.25 each): the node's 1 GB/s, 100 s
+    assert m.staging_seconds(100e9, 16, copy_rate=1e9, aggregate_bw=20e9) == pytest.approx(100.0)
+    # 32 nodes get 0.625 GB/s each: 160 s; without a measured copy: bytes / (aggregate / N)
+    assert m.staging_seconds(100e9, 32, copy_rate=1e9, aggregate_bw=20e9) == pytest.approx(160.0)
+    assert m.staging_seconds(100e9, 32, aggregate_bw=20e9) == pytest.approx(160.0)
+    assert m.staging_seconds(100e9, 32) is None
+    # 100 s of copy against 60 ms a step removed: paid for after 1667 steps; nothing removed: never
+    assert m.staging_payoff_steps(100.0, 0.06) == 1667
+    assert m.staging_payoff_steps(0.0, 0.06) == 1
+    assert m.staging_payoff_steps(100.0, 0.0) is None
 
 
 def test_scaling_efficiency_time_and_gpu_hours():

@@ -44,6 +44,10 @@ def test_capacity_of_the_demo_from_its_own_records(calibration, capsys):
 
     assert cal[0]["grad_bytes"] == 4 * sum(p.numel() for p in _model(16, 128, 10, 2).parameters())
     assert cal[0]["dataset_samples"] == 2000 and cal[0]["bytes_per_sample"] == 16 * 4 + 8
+    # the loader's own reads (the interval records' input): at least the 72 bytes a sample holds (more: the
+    # whole 144 KB file is one read block, and the readers read ahead), at a measured rate
+    assert all(c["read_bytes_per_sample"] >= 72 and c["rank_read_rate"] > 0 for c in cal)
+    assert report["model"]["node_read_rate"]["source"] == "measured"
     assert cal[1]["probe"]["world_size"] == 2 and len(cal[1]["probe"]["sizes"]) == 2 and cal[0]["probe"] is None
     assert all(c["save_commit_s"] and c["startup_s"] and c["checkpoint_bytes"] for c in cal)
     assert report["model"]["comm_latency_s"]["source"] == "measured"  # from the probe

@@ -155,6 +155,9 @@ def test_epochs_with_accumulation_and_evaluation_on_hdf5(tmp_path):
     assert not any(e["interrupted"] for e in evals)  # only a stop during an evaluation marks it
     assert results[0]["eval_loss"] == pytest.approx(evals[-1]["loss"]) and math.isfinite(evals[-1]["loss"])
     assert intervals[-1]["epoch"] == 1
+    # rank 0's loader over each interval (what the capacity planner predicts data wait from)
+    assert all(r["input"]["samples"] * 2 == r["samples"] and r["input"]["readers"] >= 1 for r in intervals)
+    assert sum(r["input"]["bytes_read"] for r in intervals) > 0 and all(r["input"]["read_s"] >= 0 for r in intervals)
 
 
 def test_metrics_off_keeps_loss_and_throughput_only(tmp_path):
