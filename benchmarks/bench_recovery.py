@@ -259,12 +259,13 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         "in_job_failure_to_first_step_s": round(inj, 3),
         "restart_failure_to_first_step_s": round(rst, 3),
         "ratio": round(rst / inj, 2),
+        "bit_exact": all(r["in_job"]["bit_exact"] for r in rounds),
         "rounds": rounds,
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
     }
     emit(result, args.json)
-    return 0 if all(r["in_job"]["bit_exact"] for r in rounds) else 1
+    return 0 if result["bit_exact"] else 1
 
 
 if __name__ == "__main__":

@@ -147,6 +147,13 @@ BENCHMARKS: tp.Tuple[Benchmark, ...] = (
         rounds="script",
     ),
     Benchmark(
+        "recovery",
+        "bench_recovery.py",
+        "a rank SIGKILLed mid-step: in-job recovery (warm spare, state from memory) vs a restart from the last commit",
+        quick=("--world", "2", "--hidden", "256", "--steps", "20", "--kill-at", "12", "--ckpt-every", "5"),
+        timeout_s=(900.0, 600.0),
+    ),
+    Benchmark(
         "gpu_ckpt",
         "gpu_check_ckpt.py",
         "GPU: an async save of GPU state changed around it restores bit for bit; pinned arena size",
@@ -212,6 +219,7 @@ _SUBMIT = "issue 2 · [submit.md](submit.md#measured)"
 _TRAIN = "issue 9 · [train.md](train.md#measured)"
 _IDENTITY = "issue 19 · [bundle.md](bundle.md#measured)"
 _COMPILE = "issue 32 · [preemption.md](preemption.md#a-warm-compile-on-restart)"
+_RECOVERY = "issue 32 · [preemption.md](preemption.md#in-job-recovery)"
 _AMPLIFICATION = "issue 11 · [checkpoint.md](checkpoint.md#measured)"
 _GPU = {
     "gpu_ckpt": "issue 12 · [checkpoint.md](checkpoint.md#gpu-notes)",
@@ -309,6 +317,25 @@ GOALS: tp.Tuple[Goal, ...] = (
         _COMPILE,
     ),  # fmt: skip
     Goal("compile", "warm_vs_eager", "the same restart without compile (ceiling)"),
+    Goal(
+        "recovery",
+        "ratio",
+        "restart from the last commit: new processes, import, rendezvous, restore (no Slurm step, no queue)",
+        ">=",
+        2.0,
+        "x",
+        _RECOVERY,
+    ),
+    Goal("recovery", "in_job_failure_to_first_step_s", "in-job: the kill -> the first new step", unit="s"),
+    Goal(
+        "recovery",
+        "bit_exact",
+        "the in-job run's final parameters equal an uninterrupted run's",
+        "==",
+        True,
+        "bool",
+        _RECOVERY,
+    ),
     *(Goal(b, "ok", "every assertion of the check held", "==", True, "bool", source) for b, source in _GPU.items()),
 )
 
