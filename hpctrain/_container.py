@@ -60,6 +60,11 @@ RELAYED = ("scontrol", "squeue", "sinfo", "sacct", "scancel")
 # Slurm's and submitit's task variables, hpctrain's, and what CUDA/NCCL/torch read.
 PODMAN_ENV = ("SLURM_*", "SUBMITIT_*", "HPCTRAIN_*", "CUDA_VISIBLE_DEVICES", "NVIDIA_*", "NCCL_*", "TORCH*", "MASTER_*")
 ASK_TIMEOUT_S = 120.0
+# How long the relay outlives its batch script. Slurm's SIGKILL of the job's processes misses it where the job's
+# processes are tracked by parentage (proctrack/linuxproc, pgid): the batch script gone, the relay is init's child.
+# The tasks inside still ask it until their orphan guard ends them (their task process is SIGKILLed at KillWait,
+# 30 s by default, 10 on the dev cluster); 180 s covers a KillWait of two minutes, then the relay exits.
+RELAY_ORPHAN_GRACE_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -274,7 +279,7 @@ def relay_setup(python: str, run_dir: tp.Union[str, Path]) -> tp.List[str]:
     return [
         "# Slurm commands stay outside the container: the tasks inside ask this relay (hpctrain._container)",
         f"export {RELAY_ENV}={where}",
-        f'{shlex.quote(python)} -m hpctrain._container relay "${RELAY_ENV}" &',
+        f'{shlex.quote(python)} -m hpctrain._container relay "${RELAY_ENV}" --batch-pid $$ &',
     ]
 
 
@@ -365,10 +370,18 @@ def _forwarder(name: str) -> str:
     )
 
 
-def relay(where: tp.Union[str, Path], poll_s: float = 0.05) -> None:
+def relay(
+    where: tp.Union[str, Path],
+    poll_s: float = 0.05,
+    orphan_grace_s: float = RELAY_ORPHAN_GRACE_S,
+    batch_pid: tp.Optional[int] = None,
+) -> None:
     """Outside the container (the batch script, in the background, for the job's life): answer the tasks'
-    Slurm commands. A ``scontrol requeue`` signals this process too: its answer is written first."""
+    Slurm commands. A ``scontrol requeue`` signals this process too: its answer is written first. Returns
+    ``orphan_grace_s`` after this process stopped being a child of ``batch_pid`` (the batch script's ``$$``: asked
+    here, the parent may already be gone when the interpreter is up) — see ``RELAY_ORPHAN_GRACE_S``."""
     where = Path(where)
+    parent, orphaned_at = (os.getppid() if batch_pid is None else batch_pid), None
     for sub in ("req", "ans", "bin"):
         (where / sub).mkdir(parents=True, exist_ok=True)
     for stale in [*(where / "req").glob("*.json"), *(where / "ans").glob("*.json")]:
@@ -396,6 +409,10 @@ def relay(where: tp.Union[str, Path], poll_s: float = 0.05) -> None:
                     log.write(json.dumps({"time": time.time(), "argv": argv, "rc": answer["rc"]}) + "\n")
             except OSError:
                 pass
+        if orphaned_at is None and os.getppid() != parent:
+            orphaned_at = time.monotonic()  # reparented: the batch script ended without Slurm ending this process
+        if orphaned_at is not None and time.monotonic() - orphaned_at >= orphan_grace_s:
+            return
         time.sleep(poll_s)
 
 
@@ -411,11 +428,25 @@ def _run_relayed(argv: tp.Sequence[str]) -> tp.Dict[str, tp.Any]:
 
 def _main(argv: tp.Sequence[str]) -> int:
     if len(argv) >= 2 and argv[0] == "relay":
-        relay(argv[1])
-        return 0
+        opts, rest = {"--batch-pid": None, "--orphan-grace-s": None}, list(argv[2:])
+        while len(rest) >= 2 and rest[0] in opts:
+            flag, value, rest = rest[0], rest[1], rest[2:]
+            opts[flag] = value
+        if not rest:
+            pid, grace = opts["--batch-pid"], opts["--orphan-grace-s"]
+            relay(
+                argv[1],
+                orphan_grace_s=float(grace) if grace is not None else RELAY_ORPHAN_GRACE_S,
+                batch_pid=int(pid) if pid is not None else None,
+            )
+            return 0
     if len(argv) >= 3 and argv[0] == "ask":
         return ask(argv[1], argv[2:])
-    print("usage: python -m hpctrain._container relay DIR | ask DIR COMMAND [ARG...]", file=sys.stderr)
+    print(
+        "usage: python -m hpctrain._container relay DIR [--batch-pid PID] [--orphan-grace-s S]"
+        " | ask DIR COMMAND [ARG...]",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -199,6 +200,44 @@ def test_relay_runs_slurm_commands_outside_and_only_them(tmp_path, monkeypatch):
         ["scontrol", "requeue", "42"],
         ["rm", "-rf", "/"],
         ["scontrol", "show", "job"],
+    ]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped
+    except OSError:
+        return True
+
+
+def test_a_relay_whose_batch_script_ended_answers_for_its_grace_then_exits(tmp_path):
+    """Where Slurm tracks a job's processes by parentage (proctrack/linuxproc: the dev cluster's), its SIGKILL misses
+    the relay once the batch script is gone; the relay must not live on for ever, deaf to signals."""
+    where = tmp_path / "relay"
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "scontrol").write_text('#!/bin/sh\necho "outside: $*"\n')
+    (fake / "scontrol").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    # the batch script: starts the relay in the background (as relay_setup writes it) and ends at once
+    relay = f"{shlex.quote(sys.executable)} -m hpctrain._container relay {shlex.quote(str(where))}"
+    script = f"{relay} --batch-pid $$ --orphan-grace-s 4 >/dev/null 2>&1 & echo $!"
+    pid = int(subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True).stdout)
+    try:
+        deadline = time.monotonic() + 20
+        while not (where / "bin" / "scontrol").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _container.ask(where, ["scontrol", "show", "job"], timeout_s=30) == 0  # still answers, orphaned
+        assert not _gone(pid)
+        deadline = time.monotonic() + 30
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid), "the orphaned relay outlived its grace"
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert [json.loads(line)["argv"] for line in (where / "log").read_text().splitlines()] == [
+        ["scontrol", "show", "job"]
     ]
 
 
