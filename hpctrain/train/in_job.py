@@ -17,7 +17,7 @@ What the Trainer does with it, on every rank (docs/preemption.md, "In-job recove
   optimizer, scheduler and scaler, then stands by; given a rank it opens that rank's loader shard, joins the new
   generation, receives the state, and goes on as that rank. Never needed: ``fit()`` returns without a step.
 
-Anything the path cannot handle falls back with one line (the library's :class:`InJobRecoveryFallback`, a peer
+Anything the path cannot handle falls back with one line (:class:`~hpctrain.errors.InJobRecoveryFallback`, a peer
 failure to the Runner): no spare left, a second failure, a failure outside the step loop (restore, the final
 save). Under fsdp/hsdp the state is sharded, not replicated: recovery is off, said in one line.
 """
