@@ -1,14 +1,40 @@
 """The settings of in-job recovery (:mod:`hpctrain.runtime.recovery`), without torch: ``TrainConfig.recovery``
-holds one, and the Trainer's configuration is checked on construction before torch is imported."""
+holds one, and the Trainer's configuration is checked on construction before torch is imported. Also the
+environment the launcher gives the ranks and the warm spares (the Runner and the Trainer read it)."""
 
 from __future__ import annotations
 
+import os
 import typing as tp
 from dataclasses import dataclass
 
 from hpctrain._validate import check_bool, check_int, check_number, usage_error
+from hpctrain.errors import UsageError
 
-__all__ = ["RecoveryConfig"]
+__all__ = ["RecoveryConfig", "STORE_ENV", "SPARE_ENV", "SPARES_ENV", "WORLD_ENV", "spare_from_environ"]
+
+STORE_ENV = "HPCTRAIN_RECOVERY_STORE"
+"""``host:port`` of the recovery's TCPStore server: one that outlives every rank (never rank 0's)."""
+SPARE_ENV = "HPCTRAIN_RECOVERY_SPARE"
+"""Set on a warm spare process: its spare index (0, 1, ...), or ``task``: the index is its task's ``SLURM_PROCID``
+in the spares' own step."""
+SPARES_ENV = "HPCTRAIN_RECOVERY_SPARES"
+"""How many warm spares the launcher started: overrides ``RecoveryConfig.spares`` (the launcher knows)."""
+WORLD_ENV = "HPCTRAIN_RECOVERY_WORLD"
+"""On a warm spare: the training world size (its own step's ``SLURM_NTASKS`` counts the spares)."""
+
+
+def spare_from_environ(environ: tp.Optional[tp.Mapping[str, str]] = None) -> tp.Optional[int]:
+    """This process's warm-spare index from :data:`SPARE_ENV`; None on a training rank."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(SPARE_ENV, "").strip()
+    if not value:
+        return None
+    if value == "task":
+        value = environ.get("SLURM_PROCID", "").strip()
+    if not value.isdigit():
+        raise UsageError(f"{SPARE_ENV}={environ.get(SPARE_ENV)!r} must be a spare index (0, 1, ...) or 'task'")
+    return int(value)
 
 
 @dataclass(kw_only=True)

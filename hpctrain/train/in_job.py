@@ -33,16 +33,10 @@ import torch
 
 from hpctrain.errors import UsageError
 from hpctrain.runtime.recovery import InJobRecovery, Recovered
+from hpctrain.runtime.recovery_config import SPARE_ENV, SPARES_ENV, STORE_ENV, spare_from_environ
 from hpctrain.runtime.state_transfer import ReplicatedState
 
 __all__ = ["InJob", "STORE_ENV", "SPARE_ENV", "SPARES_ENV", "spare_index"]
-
-STORE_ENV = "HPCTRAIN_RECOVERY_STORE"
-"""``host:port`` of the recovery's TCPStore server: one that outlives every rank (never rank 0's)."""
-SPARE_ENV = "HPCTRAIN_RECOVERY_SPARE"
-"""Set on a warm spare process: its spare index (0, 1, ...). Its run context's rank is not used."""
-SPARES_ENV = "HPCTRAIN_RECOVERY_SPARES"
-"""How many warm spares the launcher started: overrides ``RecoveryConfig.spares`` (the launcher knows)."""
 
 
 def _line(text: str) -> None:
@@ -52,17 +46,7 @@ def _line(text: str) -> None:
 def spare_index(ctx: tp.Any = None) -> tp.Optional[int]:
     """This process's warm-spare index (``ctx.recovery_spare``, else ``HPCTRAIN_RECOVERY_SPARE``); None on a rank."""
     value = getattr(ctx, "recovery_spare", None)
-    if value is None:
-        value = os.environ.get(SPARE_ENV, "").strip() or None
-    if value is None:
-        return None
-    try:
-        index = int(value)
-    except ValueError:
-        raise UsageError(f"{SPARE_ENV}={value!r} must be a spare index (0, 1, ...)") from None
-    if index < 0:
-        raise UsageError(f"{SPARE_ENV}={value!r} must be a spare index (0, 1, ...)")
-    return index
+    return int(value) if value is not None else spare_from_environ()
 
 
 def _store_address() -> tp.Optional[tp.Tuple[str, int]]:
