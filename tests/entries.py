@@ -113,3 +113,14 @@ def straggler_fit(ctx):
         data=data,
     )
     return trainer.fit().step
+
+
+def spare_probe(ctx):
+    """What a warm spare's run context says (``HPCTRAIN_RECOVERY_SPARE``): run_dir/spare.json."""
+    import torch.distributed as dist
+
+    atomic_write_json(
+        ctx.run_dir / "spare.json",
+        {"rank": ctx.rank, "world_size": ctx.world_size, "group": dist.is_initialized(), "stop": ctx.stop is not None},
+    )
+    return "not a result"
