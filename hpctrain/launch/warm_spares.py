@@ -20,6 +20,7 @@ it. torch is imported here only to serve the store (the loop itself stays stdlib
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -57,7 +58,9 @@ class WarmSpares:
         self.store = dist.TCPStore(
             "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
         )
-        address = f"{socket.gethostname()}:{self.store.port}"
+        # the name Slurm gives the batch host (the ranks resolve it, as they do MASTER_ADDR); the OS's otherwise
+        host = env.get("SLURMD_NODENAME") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        address = f"{host}:{self.store.port}"
         env = dict(env, **{STORE_ENV: address, SPARES_ENV: str(self.count)})
         # their own log files: submitit's --output DIR/%j_%t_log.out would put spare 0 into rank 0's
         mine = [a.replace("%t", "spare%t") for a in srun]
