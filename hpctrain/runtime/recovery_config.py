@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from hpctrain._validate import check_bool, check_int, check_number, usage_error
 from hpctrain.errors import UsageError
 
-__all__ = ["RecoveryConfig", "STORE_ENV", "SPARE_ENV", "SPARES_ENV", "WORLD_ENV", "spare_from_environ"]
+__all__ = [
+    "RecoveryConfig",
+    "STORE_ENV",
+    "SPARE_ENV",
+    "SPARES_ENV",
+    "WORLD_ENV",
+    "spare_from_environ",
+    "took_rank",
+    "taken_rank",
+]
 
 STORE_ENV = "HPCTRAIN_RECOVERY_STORE"
 """``host:port`` of the recovery's TCPStore server: one that outlives every rank (never rank 0's)."""
@@ -22,6 +31,19 @@ SPARES_ENV = "HPCTRAIN_RECOVERY_SPARES"
 """How many warm spares the launcher started: overrides ``RecoveryConfig.spares`` (the launcher knows)."""
 WORLD_ENV = "HPCTRAIN_RECOVERY_WORLD"
 """On a warm spare: the training world size (its own step's ``SLURM_NTASKS`` counts the spares)."""
+
+
+_TAKEN: tp.List[int] = []
+
+
+def took_rank(rank: int) -> None:
+    """A warm spare of this process took ``rank`` (the Trainer calls it): the Runner then ends it as that rank."""
+    _TAKEN[:] = [int(rank)]
+
+
+def taken_rank() -> tp.Optional[int]:
+    """The rank this process's warm spare took, or None (not a spare, or not needed)."""
+    return _TAKEN[0] if _TAKEN else None
 
 
 def spare_from_environ(environ: tp.Optional[tp.Mapping[str, str]] = None) -> tp.Optional[int]:

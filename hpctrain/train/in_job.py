@@ -33,7 +33,7 @@ import torch
 
 from hpctrain.errors import UsageError
 from hpctrain.runtime.recovery import InJobRecovery, Recovered
-from hpctrain.runtime.recovery_config import SPARE_ENV, SPARES_ENV, STORE_ENV, spare_from_environ
+from hpctrain.runtime.recovery_config import SPARE_ENV, SPARES_ENV, STORE_ENV, spare_from_environ, took_rank
 from hpctrain.runtime.state_transfer import ReplicatedState
 
 __all__ = ["InJob", "STORE_ENV", "SPARE_ENV", "SPARES_ENV", "spare_index"]
@@ -162,6 +162,7 @@ class InJob:
         """Wait for a rank; None when the job ended without needing this spare."""
 
         def take(rank: int) -> None:
+            took_rank(rank)  # the Runner ends this process as that rank (rank 0 records the attempt's end)
             trainer.rank = rank
             if not callable(trainer.data):
                 b.loader = trainer._build_loader(trainer.data)  # this rank's shard, the position comes with the state

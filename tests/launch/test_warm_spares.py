@@ -7,6 +7,8 @@ import sys
 import typing as tp
 from pathlib import Path
 
+import pytest
+
 from hpctrain.launch.spares import SpareLoop, step_argv
 from hpctrain.launch.warm_spares import WarmSpares
 from hpctrain.ledger import Ledger
@@ -89,7 +91,8 @@ def test_the_store_is_served_and_a_spare_standing_by_is_released_when_the_step_e
     assert out.startswith("task 4 ") and "'d/%j_spare%t_log.out'" in out and "{'finish': True}" in out, out
 
 
-def test_the_runner_gives_a_warm_spare_a_context_without_a_group_and_no_result(tmp_path):
+@pytest.mark.parametrize("took_rank_0", [False, True])
+def test_the_runner_gives_a_warm_spare_a_context_without_a_group_and_no_result(tmp_path, took_rank_0):
     import json
     import os
     import subprocess
@@ -100,7 +103,8 @@ def test_the_runner_gives_a_warm_spare_a_context_without_a_group_and_no_result(t
     for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"):
         env.pop(name, None)
     proc = subprocess.run(
-        [sys.executable, "-m", "hpctrain.launch", "--entry", "tests.entries:spare_probe", "--run-dir", str(tmp_path)],
+        [sys.executable, "-m", "hpctrain.launch", "--entry", "tests.entries:spare_probe", "--run-dir", str(tmp_path),
+         "--", *(["take-rank-0"] if took_rank_0 else [])],
         env=env, cwd=root, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -111,4 +115,9 @@ def test_the_runner_gives_a_warm_spare_a_context_without_a_group_and_no_result(t
         "stop": True,
     }
     assert "hpctrain: warm spare 1 on " in proc.stdout and "for a world of 4" in proc.stdout
-    assert not (tmp_path / "ranks").exists()  # no rank record: the training task of its index has its own
+    assert not list(tmp_path.glob("ranks/*/rank-*.json"))  # no rank record of its own (its index is a rank's)
+    exits = Ledger(tmp_path).records("exit")
+    if took_rank_0:  # it trained as rank 0 to the end: it records the attempt's end, as rank 0 would
+        assert [(e["cause"], e["decided_by_rank"]) for e in exits] == [("finished", 0)], exits
+    else:
+        assert exits == []
