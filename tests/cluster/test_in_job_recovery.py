@@ -19,7 +19,7 @@ import pytest
 
 from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_node_failure import _submit
-from tests.cluster.test_preemption import STEPS, _calls, _exits, _ledger, _restarts, _starts
+from tests.cluster.test_preemption import STEPS, _calls, _exits, _ledger, _restarts, _starts, _wait
 from tests.cluster.test_slurm_ddp import model_digest, wait_final
 
 pytestmark = [pytest.mark.slurm]
@@ -38,8 +38,9 @@ def test_a_killed_rank_is_replaced_by_a_warm_spare_inside_the_step(tmp_path):
     ref_job = _submit(ref, args=common)  # the uninterrupted run of the same world size, recovery off
     args = [*common, "--sleep", "0.1", "--recovery", "--kill-rank3-at", str(KILL_AT)]
     job = _submit(run_dir, "--spare-nodes", "1", "--warm-spares", args=args)
-    load = os.getloadavg()[0]
     try:
+        _wait("the recovery", lambda: _records(run_dir, "in_job_recovery"), timeout=240)
+        load = os.getloadavg()[0]  # the machine's load at the recovery (2 shared cores: the figure depends on it)
         assert wait_final(job, timeout=300) == "COMPLETED"
         assert wait_final(ref_job, timeout=120) == "COMPLETED"
     finally:
