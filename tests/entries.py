@@ -113,3 +113,20 @@ def straggler_fit(ctx):
         data=data,
     )
     return trainer.fit().step
+
+
+def spare_probe(ctx):
+    """What a warm spare's run context says (``HPCTRAIN_RECOVERY_SPARE``): run_dir/spare.json; with
+    ``take-rank-0`` in its arguments it says it took rank 0 (the Runner then records the attempt's end)."""
+    import torch.distributed as dist
+
+    from hpctrain.runtime.recovery_config import took_rank
+
+    if "take-rank-0" in ctx.args:
+        took_rank(0)
+
+    atomic_write_json(
+        ctx.run_dir / "spare.json",
+        {"rank": ctx.rank, "world_size": ctx.world_size, "group": dist.is_initialized(), "stop": ctx.stop is not None},
+    )
+    return "not a result"

@@ -124,6 +124,11 @@ class Runner:
         from hpctrain.runtime.preemption import StopAgreement
 
         env = dist_env.from_environ()
+        from hpctrain.runtime.recovery_config import spare_from_environ
+
+        spare = spare_from_environ()
+        if spare is not None:  # a warm spare of in-job recovery: no group to join until it takes a rank
+            return self._stand_by(env, spare, signals, started)
         watch = self._start_watchdog(env, started)  # before the rendezvous: start-up is watched too
         try:
             threads = process_group.set_cpu_threads(env)
@@ -210,6 +215,59 @@ class Runner:
         # (the requeued attempt writes it). Rank 0 exits 1 when the run stopped for good after a time limit
         # or preemption (not requeued: the job must not look COMPLETED); scancel ends CANCELLED anyway.
         if end is not None and not end.requeued and end.cause != "cancelled":
+            raise SystemExit(1)
+        raise SystemExit(0)
+
+    def _stand_by(self, env: tp.Any, spare: int, signals: tp.Any, started: float) -> tp.Any:
+        """A warm spare (docs/preemption.md, "In-job recovery"): the entry with a run context of rank -1 in the
+        training world (``HPCTRAIN_RECOVERY_WORLD``) and no process group; the Trainer stands by in ``fit`` and
+        joins the job's group when it takes a failed rank's place. No rank record, no watchdog (it may wait for
+        the whole job). A spare that took a rank ends as that rank (:func:`~hpctrain.launch.ending.finish_attempt`:
+        as rank 0 it records the attempt's end); it exits without a result (submitit writes none: the training
+        task of its index holds it)."""
+        from hpctrain.launch.context import RunContext
+        from hpctrain.runtime import process_group
+        from hpctrain.runtime.preemption import StopAgreement
+        from hpctrain.runtime.recovery_config import WORLD_ENV, taken_rank
+
+        threads = process_group.set_cpu_threads(env)
+        device = process_group.select_device(env, self.settings.gpus_per_node)
+        world = int(os.environ.get(WORLD_ENV) or env.world_size)
+        fields = {f.name: getattr(env, f.name) for f in dataclasses.fields(env)}
+        fields.update(rank=-1, world_size=world)
+        ctx = RunContext(
+            **fields,
+            run_dir=Path(self.run_dir),
+            device=device,
+            backend="nccl" if device.type == "cuda" else "gloo",
+            hostname=socket.gethostname(),
+            args=self.entry_args,
+            signal_lead_s=self.settings.signal_lead_s,
+            stop=StopAgreement(signals, timeout_s=self.settings.dist_timeout),  # its group: when it joins
+        )
+        print(
+            f"hpctrain: warm spare {spare} on {ctx.hostname} ({device}, {threads} cpu threads) for a world of "
+            f"{world}; calling {self.entry}",
+            flush=True,
+        )
+        error: tp.Optional[BaseException] = None
+        try:
+            load_entry(self.entry)(ctx)
+        except BaseException as exc:  # the end of the rank it took, if any, decides below
+            error = exc
+        taken = taken_rank()
+        if taken is not None:
+            decision = ctx.stop.decision
+            stop = (decision.signum, signals.first[1] if signals.first else time.time()) if decision else None
+            try:
+                as_rank = dataclasses.replace(env, rank=taken, world_size=world)
+                self._finish(as_rank, started, stop, decision.step if decision else None, error)
+            except Exception as exc:  # deciding must never hide the entry's own error
+                print(f"hpctrain: could not decide how the attempt ended: {type(exc).__name__}: {exc}", flush=True)
+        process_group.destroy_process_group(synchronize=False)
+        signals.ignore_from_now()
+        if error is not None:
+            print(f"hpctrain: warm spare {spare}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             raise SystemExit(1)
         raise SystemExit(0)
 

@@ -13,6 +13,12 @@ without those hosts, up to ``K`` times, and appends an ``in_job_restart`` record
 failure, success, or a job that is being requeued ends the loop with the step's exit code. With no spare
 left, a node failure goes back to the queue: ``scontrol requeue`` and the exclusion of the failed hosts.
 
+Warm spares (``--warm-spares``, :mod:`hpctrain.launch.warm_spares`): the loop also serves in-job recovery's store
+for each step and runs warm spare processes on the spare nodes beside it, so that a rank's process that dies is
+replaced inside the step (the Trainer's ``TrainConfig.recovery``); the training step then runs with
+``--kill-on-bad-exit=0``. A step whose tasks did not all exit 0 but whose deciding rank recorded a finished run
+(one task was replaced in the job) ends the loop with 0.
+
 Attempt numbers: every step the loop starts gets one (:data:`hpctrain.runtime.env.ATTEMPT_ENV`), one more
 than the highest attempt of this job in the run directory and never below ``SLURM_RESTART_COUNT``, so that
 in-job restarts and requeues never share a per-attempt folder. The ranks read it in
@@ -87,6 +93,8 @@ class SpareLoop:
         environ: tp.Optional[tp.Mapping[str, str]] = None,
         run_step: tp.Optional[tp.Callable[[tp.List[str], tp.Dict[str, str]], int]] = None,
         exit_wait_s: float = 15.0,
+        warm_spares: bool = False,
+        make_spares: tp.Optional[tp.Callable[..., tp.Any]] = None,
     ) -> None:
         from hpctrain._slurm import SlurmCommands
 
@@ -99,6 +107,8 @@ class SpareLoop:
         self.exit_wait_s = exit_wait_s
         self.bad: tp.List[str] = []
         self.used = 0
+        self.warm_spares = warm_spares
+        self.make_spares = make_spares  # a test's fake WarmSpares; None: hpctrain.launch.warm_spares
 
     def job_nodes(self) -> tp.List[str]:
         """The allocation's nodes now: Slurm drops a failed node from a ``--no-kill`` job's NodeList."""
@@ -118,11 +128,23 @@ class SpareLoop:
             attempt = next_attempt(self.run_dir, self.job_id, self.environ)
             left = min(self.spares - self.used, len(usable) - self.nodes)
             env = dict(self.environ, **{ATTEMPT_ENV: str(attempt), SPARES_LEFT_ENV: str(left)})
-            argv = step_argv(self.srun, nodes=self.nodes, tasks_per_node=self.tasks_per_node, hosts=hosts)
+            spare_hosts = usable[self.nodes :] if self.warm_spares else []
+            warm = self._warm(spare_hosts)
+            srun = [self.srun[0], "--kill-on-bad-exit=0", *self.srun[1:]] if warm is not None else self.srun
+            argv = step_argv(srun, nodes=self.nodes, tasks_per_node=self.tasks_per_node, hosts=hosts)
+            if warm is not None:
+                env = warm.start(self.srun, env, step_argv)
             self._log(f"attempt {attempt} on {','.join(hosts)} ({left} spare restart(s) left)")
-            rc = self.run_step(argv, env)
-            failed_at = time.time()
+            try:
+                rc = self.run_step(argv, env)
+            finally:
+                failed_at = time.time()
+                if warm is not None:
+                    warm.end()  # spares released, their step ended: a restart may use their nodes
             if rc == 0:
+                return 0
+            if warm is not None and self._finished(attempt):
+                self._log(f"step of attempt {attempt} exited {rc}, but its run finished (a rank replaced in the job)")
                 return 0
             suspects = self._suspects(attempt, hosts, left, failed_at)
             if suspects is None:
@@ -144,6 +166,22 @@ class SpareLoop:
                 }
             )
             self._log(f"step of attempt {attempt} failed on {','.join(suspects)}: restarting without it")
+
+    def _warm(self, hosts: tp.Sequence[str]) -> tp.Any:
+        if not self.warm_spares:
+            return None
+        if not hosts:
+            self._log("no spare node left for warm spares: in-job recovery falls back to a restart")
+            return None
+        from hpctrain.launch.warm_spares import WarmSpares
+
+        make = self.make_spares or WarmSpares
+        return make(hosts=hosts, tasks_per_node=self.tasks_per_node, world_size=self.nodes * self.tasks_per_node)
+
+    def _finished(self, attempt: int) -> bool:
+        """The deciding rank recorded this attempt as finished (its entry returned: the run is complete)."""
+        record = _exit_record(self.run_dir, self.job_id, attempt, self.exit_wait_s)
+        return record is not None and record.get("cause") == "finished"
 
     def _suspects(
         self, attempt: int, hosts: tp.Sequence[str], left: int, failed_at: float
@@ -219,6 +257,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     parser.add_argument("--tasks-per-node", type=int, required=True)
     parser.add_argument("--spares", type=int, required=True, help="in-job restarts at most (the spare nodes)")
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument(
+        "--warm-spares",
+        action="store_true",
+        help="run warm spares on the spare nodes and serve in-job recovery's store (TrainConfig.recovery)",
+    )
     args, rest = parser.parse_known_args(argv)
     if rest[:1] == ["--"]:
         rest = rest[1:]
@@ -229,7 +272,12 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     if not os.environ.get("SLURM_JOB_ID"):
         raise UsageError("not inside a Slurm job (SLURM_JOB_ID is not set): run it from the batch script")
     loop = SpareLoop(
-        run_dir=Path(args.run_dir), nodes=args.nodes, tasks_per_node=args.tasks_per_node, spares=args.spares, srun=rest
+        run_dir=Path(args.run_dir),
+        nodes=args.nodes,
+        tasks_per_node=args.tasks_per_node,
+        spares=args.spares,
+        srun=rest,
+        warm_spares=args.warm_spares,
     )
     return loop.run()
 

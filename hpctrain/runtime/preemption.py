@@ -143,8 +143,20 @@ class StopAgreement:
         self.decision: tp.Optional[StopDecision] = None
         self._group = None
         self._in_flight: tp.Optional[tp.Tuple[tp.Any, tp.Any]] = None  # (work, tensor) of the last poll
+        self._timeout_s = timeout_s
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+    def rejoin(self) -> None:
+        """After in-job recovery formed a new default group (:mod:`hpctrain.runtime.recovery`), or on a warm
+        spare that just joined one: the agreement's own gloo group anew on it. The poll in flight on the broken
+        group is dropped unwaited (its peer may be dead); the next poll waits for its own answer, as a first
+        poll does. Every rank of the new group calls it at the same point."""
+        import torch.distributed as dist
+
+        self._in_flight, self._calls, self._group = None, 0, None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self._timeout_s))
 
     def reduce(self, values: tp.Sequence[int], op: str = "max") -> tp.List[int]:
         """All-reduce a few ints (``max`` or ``min``) on the agreement's gloo group; local without one.

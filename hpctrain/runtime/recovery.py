@@ -49,10 +49,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpctrain._validate import check_bool, check_int, check_number, usage_error
 from hpctrain.errors import InJobRecoveryFallback
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.preemption import is_peer_failure
+from hpctrain.runtime.recovery_config import RecoveryConfig
 from hpctrain.runtime.state_transfer import ReplicatedState, broadcast_state
 
 __all__ = ["RecoveryConfig", "InJobRecovery", "Recovered", "RECORD_EVENT"]
@@ -62,52 +62,6 @@ RECORD_EVENT = "in_job_recovery"
 
 _KEY = "hpctrain/recovery"
 _POLL_S = 0.01  # the agreement's poll of the store: a few keys per rank, so 10 ms costs nothing and adds little
-
-
-@dataclass(kw_only=True)
-class RecoveryConfig:
-    """In-job recovery of a DDP run (see the module docstring)."""
-
-    _option_name: tp.ClassVar[str] = "RecoveryConfig.{name}"
-
-    enabled: bool = True
-    """Recover in the job; False: every peer failure ends the rank as before (the restart from the last commit)."""
-    spares: int = 0
-    """Warm spare processes started with the job, each standing by to take one failed rank's place."""
-    max_recoveries: int = 3
-    """In-job recoveries at most in one attempt; the next failure falls back to the restart from the last commit."""
-    collective_timeout_s: float = 60.0
-    """Bound on one collective of a generation's group: a peer lost without closing its sockets (its node
-    failed) is detected after this. Above the slowest step's longest collective."""
-    heartbeat_s: float = 0.1
-    """How often each process rewrites its heartbeat key (one small store write)."""
-    dead_after_s: float = 1.0
-    """A rank that has not arrived at the agreement and whose heartbeat did not change for this long is dead.
-    Part of every recovery's time; too short under heavy load declares a starved rank dead (it then falls back)."""
-    abort_timeout_s: float = 10.0
-    """Bound on leaving the broken process group."""
-    agree_timeout_s: float = 120.0
-    """Bound on the agreement: every rank of the generation arrived or found dead. At least
-    ``collective_timeout_s`` (a survivor blocked in a collective arrives only when it times out)."""
-
-    def __post_init__(self) -> None:
-        check_bool(self, "enabled", self.enabled)
-        check_int(self, "spares", self.spares, min=0)
-        check_int(self, "max_recoveries", self.max_recoveries, min=0)
-        for name in ("collective_timeout_s", "heartbeat_s", "dead_after_s", "abort_timeout_s", "agree_timeout_s"):
-            check_number(self, name, getattr(self, name), above=0)
-        if self.dead_after_s < 3 * self.heartbeat_s:
-            raise usage_error(
-                self, "dead_after_s", self.dead_after_s, f"must be at least 3 heartbeats ({3 * self.heartbeat_s:g} s)"
-            )
-        if self.agree_timeout_s < self.collective_timeout_s:
-            raise usage_error(
-                self,
-                "agree_timeout_s",
-                self.agree_timeout_s,
-                f"must be at least collective_timeout_s ({self.collective_timeout_s:g} s)",
-                "a survivor blocked in a collective reaches the agreement only when that collective times out",
-            )
 
 
 @dataclass
@@ -192,7 +146,12 @@ class InJobRecovery:
     ``run_dir``: where the ``in_job_recovery`` record goes (the source rank writes it; None: only
     :attr:`records`). A rank calls :meth:`start`, :meth:`check` between the backward and the optimizer step,
     :meth:`completed` after every step, :meth:`recover` with the exception a step raised, and :meth:`finish`;
-    a spare calls :meth:`stand_by`, then does the same."""
+    a spare calls :meth:`stand_by`, then does the same.
+
+    ``on_group(generation)``: called right after each generation's default group is formed, before its gloo
+    sockets are recorded: the caller's own subgroups of that generation (the stop agreement's) made there are
+    half-closed with it when a survivor leaves. A caller that must build on the group before the state exists
+    (the Trainer wraps DDP on it) calls :meth:`connect` first and sets :attr:`state` before :meth:`start`."""
 
     def __init__(
         self,
@@ -201,7 +160,7 @@ class InJobRecovery:
         host: str,
         port: int,
         world_size: int,
-        state: ReplicatedState,
+        state: tp.Optional[ReplicatedState],
         rank: tp.Optional[int] = None,
         spare: tp.Optional[int] = None,
         backend: str = "gloo",
@@ -209,6 +168,7 @@ class InJobRecovery:
         run_dir: tp.Optional[tp.Union[str, Path]] = None,
         job_id: tp.Optional[str] = None,
         restart_count: int = 0,
+        on_group: tp.Optional[tp.Callable[[int], None]] = None,
     ) -> None:
         if (rank is None) == (spare is None):
             raise ValueError("InJobRecovery: give exactly one of rank= (a training rank) and spare= (a warm spare)")
@@ -227,13 +187,22 @@ class InJobRecovery:
         """This process's recoveries, each the ledger record (every rank keeps it; the source writes it)."""
         self._pending: tp.Optional[tp.Dict[str, tp.Any]] = None
         self._pairs: tp.Dict[int, int] = {}
+        self._on_group, self._connected = on_group, False
         self._heartbeat = _Heartbeat(host, port, self.uid, config.heartbeat_s)
 
     # ---------------------------------------------------------------------------------- training ranks
-    def start(self, step: int = 0) -> None:
-        """Form generation 0 (the default process group) at ``step`` (the restored step, else 0)."""
+    def connect(self) -> None:
+        """Form generation 0 (the default process group) on the recovery store; :meth:`start` does it when not
+        done yet."""
         assert self.rank is not None
         self._form_group(0)
+        self._connected = True
+
+    def start(self, step: int = 0) -> None:
+        """Form generation 0 (unless :meth:`connect` did) at ``step`` (the restored step, else 0)."""
+        if not self._connected:
+            self.connect()
+        assert self.state is not None, "InJobRecovery.start: set .state (a ReplicatedState) first"
         self.step = step
         self.state.boundary()
 
@@ -257,6 +226,7 @@ class InJobRecovery:
         """After every completed optimizer step: the boundary snapshot; the first step after a recovery also
         completes its record (``failure_to_first_step_s``) and the source writes it to the ledger."""
         self.step = step
+        assert self.state is not None
         self.state.boundary()
         if self._pending is not None:
             record, self._pending = self._pending, None
@@ -360,6 +330,8 @@ class InJobRecovery:
         dist.init_process_group(
             self.backend, store=prefix, rank=self.rank, world_size=self.world_size, timeout=timeout, **kwargs
         )
+        if self._on_group is not None:
+            self._on_group(generation)  # its subgroups' sockets are this generation's too
         # gloo connects the full mesh here: the sockets new since `before` are this generation's pairs
         self._pairs = {fd: ino for fd, ino in _sockets().items() if before.get(fd) != ino}
         self.generation = generation
@@ -493,7 +465,7 @@ class InJobRecovery:
             self._form_group(g)
             formed = time.time()
             source = int(plan["source_rank"])
-            assert self.rank is not None
+            assert self.rank is not None and self.state is not None
             mine = self.state.payload() if self.rank == source else None
             got = broadcast_state(mine, src=source, rank=self.rank, device=self.device)
             self.state.load(got, own=self.rank == source)

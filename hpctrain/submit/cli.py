@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="allocate K extra nodes; when a node fails or hangs, restart inside the allocation on a spare instead "
         "of requeueing, up to K times (default 0; docs/preemption.md)",
     )
+    s.add_argument(
+        "--warm-spares",
+        action="store_true",
+        help="with --spare-nodes: run warm spare processes on the spare nodes and serve in-job recovery's store, "
+        "so that a dead rank's process is replaced inside the step (TrainConfig.recovery; docs/preemption.md)",
+    )
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
     c = p.add_argument_group("container (docs/submit.md, Containers)")
     c.add_argument(

@@ -108,6 +108,11 @@ class SubmitConfig:
     """Extra nodes the job allocates (``--spare-nodes``): training runs on ``nodes`` of them, and when a node
     fails or hangs the batch script restarts the step on the others, inside the allocation, up to this many
     times (the job asks for ``--no-kill``; docs/preemption.md, "Node failures and spare nodes")."""
+    warm_spares: bool = False
+    """With ``spare_nodes``: warm spare processes on the spare nodes and in-job recovery's store served by the
+    batch script (``--warm-spares``), so that a rank's process that dies is replaced inside the step with the
+    state from a survivor's memory (the Trainer's ``TrainConfig.recovery``; docs/preemption.md, "In-job
+    recovery")."""
     cluster: str = "auto"
     """``slurm``, ``local`` (submitit's local executor, same number of processes), or ``auto``:
     Slurm when ``sbatch`` is on PATH (``--cluster``)."""
@@ -181,6 +186,9 @@ class SubmitConfig:
         check_int(self, "spare_nodes", self.spare_nodes, min=0, max=MAX_INT, hint="0 = no spare nodes")
         check_int(self, "hang_timeout", self.hang_timeout, min=1, max=MAX_INT, none_ok=True, hint="seconds")
         check_bool(self, "exclude_stragglers", self.exclude_stragglers)
+        check_bool(self, "warm_spares", self.warm_spares)
+        if self.warm_spares and not self.spare_nodes:
+            raise UsageError("--warm-spares needs spare nodes to run the spares on: add --spare-nodes K")
         check_int(self, "signal_lead", self.signal_lead, max=MAX_INT, none_ok=True)
         limit = parse_time(self.time)
         if self.signal_lead is not None and not 0 < self.signal_lead < limit:

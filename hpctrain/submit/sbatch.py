@@ -65,7 +65,7 @@ def slurm_parameters(
             "-m hpctrain.launch.spares",
             f"--nodes {cfg.nodes} --tasks-per-node {cfg.ntasks_per_node} --spares {cfg.spare_nodes}",
             f"--run-dir {shlex.quote(str(run_dir))}",
-        ]
+        ] + (["--warm-spares"] if cfg.warm_spares else [])
         params["setup"] = [
             f"# {cfg.spare_nodes} spare node(s): the srun below runs through hpctrain's in-job restart loop",
             f'srun() {{ {" ".join(loop)} -- srun "$@"; }}',

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import typing as tp
 
+from hpctrain.runtime.recovery_config import RecoveryConfig
 from hpctrain.train.config import AMP_MODES, CheckpointPolicy, MetricsConfig, ParallelConfig, TrainConfig
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "MetricsConfig",
     "MetricsRecorder",
     "ParallelConfig",
+    "RecoveryConfig",
     "StepTimer",
     "StopSignal",
     "TrainConfig",

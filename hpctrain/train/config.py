@@ -18,6 +18,7 @@ from hpctrain._validate import check_bool, check_choice, check_instance, check_i
 from hpctrain.ckpt.config import CheckpointConfig, check_field
 from hpctrain.defaults import DEFAULT_MTBF_NODE_HOURS
 from hpctrain.errors import UsageError
+from hpctrain.runtime.recovery_config import RecoveryConfig
 
 __all__ = [
     "TrainConfig",
@@ -297,6 +298,12 @@ class TrainConfig:
     """Resume although the input data's fingerprint changed since the previous attempt (a file added or
     removed, its size, HDF5 structure or sampled content): the change is recorded in the run's identity.
     Without it such a resume stops with one line naming the file (docs/bundle.md, "Run identity")."""
+    recovery: tp.Optional[RecoveryConfig] = None
+    """In-job recovery (:class:`hpctrain.runtime.recovery.RecoveryConfig`, docs/preemption.md, "In-job
+    recovery"): when a rank's process dies, the living ranks keep their processes and a warm spare takes its
+    place with the state of the last completed step from a survivor's memory; only the interrupted step is
+    redone. DDP only (sharded state falls back with one line to the restart from the last commit); needs the
+    recovery store the launcher serves (``HPCTRAIN_RECOVERY_STORE``). None = off."""
     tensorboard: tp.Union[bool, PathLike, None] = None
     """Write TensorBoard events while training (rank 0, the scalars ``export-tensorboard`` writes, flushed at
     every log interval): True = ``RUN_DIR/tensorboard/``, a path = that directory (a relative one under
@@ -321,6 +328,7 @@ class TrainConfig:
         check_instance(self, "metrics", self.metrics, MetricsConfig)
         check_instance(self, "parallel", self.parallel, ParallelConfig)
         check_bool(self, "accept_data_change", self.accept_data_change)
+        check_instance(self, "recovery", self.recovery, RecoveryConfig, none_ok=True)
         self._check_tensorboard()
 
     def _check_tensorboard(self) -> None:

@@ -9,7 +9,8 @@ This module holds the build, the restore and the loop. The policies the loop con
 :mod:`hpctrain.train.stopping` (which stop hook is polled where; an in-flight save at a stop),
 :mod:`hpctrain.train.saving` (periodic and final saves), :mod:`hpctrain.train.evaluation` (the eval pass and
 its record), :mod:`hpctrain.train.ledger_records` (the attempt's ``start`` and ``end`` records),
-:mod:`hpctrain.train.ddp_warmup` (the pass that keeps a resumed run bit-exact) and
+:mod:`hpctrain.train.ddp_warmup` (the pass that keeps a resumed run bit-exact),
+:mod:`hpctrain.train.in_job` (in-job recovery, ``TrainConfig.recovery``: a survivor's and a warm spare's side) and
 :mod:`hpctrain.train.arguments` (what ``Trainer(...)`` refuses, with one line naming the argument).
 """
 
@@ -32,6 +33,7 @@ from hpctrain.train.config import TrainConfig
 from hpctrain.train.ddp_warmup import warm_up_buckets
 from hpctrain.train.display import IntervalDisplay
 from hpctrain.train.evaluation import EvalResult, Evaluator
+from hpctrain.train.in_job import InJob, spare_index
 from hpctrain.train.ledger_records import AttemptProgress, AttemptRecords
 from hpctrain.train.memory import state_bytes
 from hpctrain.train.metrics import MetricsRecorder, count_flops
@@ -161,14 +163,24 @@ class Trainer:
         self.display = IntervalDisplay(enabled=config.metrics.display and self.rank == 0)
         self.identity: tp.Optional[tp.Dict[str, tp.Any]] = None
         """This attempt's identity fields (rank 0, once ``fit`` recorded them; docs/bundle.md)."""
+        self.in_job: tp.Optional[InJob] = None
+        """In-job recovery of this ``fit`` (``TrainConfig.recovery``), None when off."""
 
     # ------------------------------------------------------------------------------------ fit
     def fit(self) -> FitResult:
         t_fit = time.perf_counter()
         startup.mark("entry")  # the start-up profile (hpctrain.runtime.startup): the entry's own code ends here
         progress = AttemptProgress()
+        self.in_job = InJob.open(self)  # a rank: generation 0 formed on the recovery store (DDP wraps it)
+        spare = self.in_job is not None and self.in_job.spare is not None
+        if spare_index(self.ctx) is not None and not spare:  # a warm spare of a run that cannot use it
+            return FitResult(0, 0, None, 0, None, None, False, time.perf_counter() - t_fit, None)
         records = AttemptRecords(self.ctx, self.run_dir, rank=self.rank, world_size=self.world_size, config=self.config)
-        built = watchdog.during("startup", self._build)
+        built = watchdog.during("startup", self._build, not spare)
+        joined = self.in_job.stand_by(self, built) if self.in_job is not None and spare else None
+        if spare and joined is None:  # released at the end of a run that did not need this spare
+            self.in_job.finish()  # type: ignore[union-attr]
+            return FitResult(0, 0, None, 0, None, None, False, time.perf_counter() - t_fit, built.module)
         evaluator = (
             Evaluator(
                 self.eval_data,
@@ -183,21 +195,31 @@ class Trainer:
             else None
         )
         status, error = "failed", ""
+        got: tp.Any = None
         try:
-            self.identity = record_training_identity(
-                self.ctx, self.run_dir, self.config, self.data, self.eval_data, rank=self.rank
-            )
-            startup.mark("identity")
             total = self._total_steps(built.loader)
-            got = watchdog.during("restore", self._restore, built)
-            startup.mark("restore")
-            start = got.step if got is not None else 0
-            progress.step, progress.committed_step = start, (start or None)
-            if got is not None and "local" in built.ckpt.tiers:  # the ledger names the tier it came from
-                progress.restored_tier = got.tier
-                progress.restored_global_step = got.global_step
-            committed_at = got.committed_at if got is not None else None
-            result = self._train(built, start, total, committed_at, progress, records, evaluator)
+            if joined is not None:  # a warm spare that took a rank: the state came from a survivor's memory
+                start, committed_at = joined.step, None
+                progress.step = start
+            else:
+                self.identity = record_training_identity(
+                    self.ctx, self.run_dir, self.config, self.data, self.eval_data, rank=self.rank
+                )
+                startup.mark("identity")
+                got = watchdog.during("restore", self._restore, built)
+                startup.mark("restore")
+                start = got.step if got is not None else 0
+                progress.step, progress.committed_step = start, (start or None)
+                if got is not None and "local" in built.ckpt.tiers:  # the ledger names the tier it came from
+                    progress.restored_tier = got.tier
+                    progress.restored_global_step = got.global_step
+                committed_at = got.committed_at if got is not None else None
+                if self.in_job is not None:
+                    self.in_job.attach(built)
+                    self.in_job.start(start)
+            result = self._train(
+                built, start, total, committed_at, progress, records, evaluator, joined=joined is not None
+            )
             status = "stopped" if result.stopped else "completed"
             result.seconds = time.perf_counter() - t_fit
             if got is not None:
@@ -217,9 +239,11 @@ class Trainer:
                     built.ckpt.abandon()  # an in-flight save of a failing run must not block the exit
                 built.ckpt.close()
             records.end(status=status, progress=progress, error=error)
+            if self.in_job is not None:
+                self.in_job.finish()  # idle spares released, the recovery's group left
             watchdog.leave()  # what the entry does after fit() reports no progress: not watched as a hang
 
-    def _build(self) -> _Built:
+    def _build(self, with_loader: bool = True) -> _Built:
         """Seed, then build the model (the same weights on every rank) and spread it over the ranks as
         ``TrainConfig.parallel`` says (:mod:`hpctrain.train.parallel`), the optimizer over this rank's
         parameters (its shards under fsdp), scheduler and (fp16) grad scaler, and this rank's loader."""
@@ -245,7 +269,8 @@ class Trainer:
             else contextlib.nullcontext()
         )
         startup.mark("build")
-        loader = self._build_loader(self.data) if not callable(self.data) else None
+        # a warm spare opens its loader when it learns its rank (hpctrain.train.in_job)
+        loader = self._build_loader(self.data) if with_loader and not callable(self.data) else None
         startup.mark("loader")
         return _Built(model, module, optimizer, scheduler, scaler, loader, autocast, mesh=mesh)
 
@@ -272,17 +297,7 @@ class Trainer:
         pol = self.config.checkpoint
         if not pol.enabled:
             return None
-        from hpctrain.ckpt import Checkpointer
-        from hpctrain.ckpt.tiers import TieredCheckpointer
-
-        ck_config = pol.checkpointer_config(RunDir(self.run_dir).checkpoints)  # dir None: the run's default
-        b.ckpt_dir = Path(ck_config.dir)
-        b.ckpt = (TieredCheckpointer if ck_config.local_every_steps else Checkpointer)(
-            ck_config,
-            run_id=str(self.ctx.job_id or ""),
-            identity=(self.identity or {}).get("identity") or "",
-            every_steps=pol.every_steps,
-        )
+        ck_config = self._open_checkpointer(b)
         if not pol.resume:
             return None
         got = b.ckpt.restore(
@@ -300,6 +315,25 @@ class Trainer:
                 f"{where}: {got.path}"
             )
         return got
+
+    def _open_checkpointer(self, b: _Built) -> tp.Any:
+        """``b.ckpt`` (and ``b.ckpt_dir``) when checkpointing is on (a collective: its agreement group); its
+        CheckpointConfig. Also after an in-job recovery, on the new generation's group."""
+        pol = self.config.checkpoint
+        if not pol.enabled:
+            return None
+        from hpctrain.ckpt import Checkpointer
+        from hpctrain.ckpt.tiers import TieredCheckpointer
+
+        ck_config = pol.checkpointer_config(RunDir(self.run_dir).checkpoints)  # dir None: the run's default
+        b.ckpt_dir = Path(ck_config.dir)
+        b.ckpt = (TieredCheckpointer if ck_config.local_every_steps else Checkpointer)(
+            ck_config,
+            run_id=str(self.ctx.job_id or ""),
+            identity=(self.identity or {}).get("identity") or "",
+            every_steps=pol.every_steps,
+        )
+        return ck_config
 
     def _restore_loader(self, loader: tp.Any, state: tp.Mapping[str, tp.Any]) -> None:
         """The loader's position from the checkpoint; a changed dataset it cannot resume in (another sample
@@ -323,7 +357,11 @@ class Trainer:
         progress: AttemptProgress,
         records: AttemptRecords,
         evaluator: tp.Optional[Evaluator],
+        *,
+        joined: bool = False,
     ) -> FitResult:
+        """The loop. ``joined``: a warm spare that took a failed rank's place, entering where the survivors
+        continue after their recovery (no start record, no first poll: they do not make those collectives)."""
         cfg, pol, ctx = self.config, self.config.checkpoint, self.ctx
         tb_dir = cfg.tensorboard_dir(self.run_dir) if self.rank == 0 else None
         rec = MetricsRecorder(
@@ -352,17 +390,19 @@ class Trainer:
             saver = Saver(b.ckpt, pol, state=state, loader=b.loader, progress=progress)
             step, loss, eval_loss = start, None, None
             startup.mark("metrics")
-            records.start(
-                start_step=start,
-                total=total,
-                ckpt_dir=b.ckpt_dir,
-                committed_at=committed_at,
-                identity=self.identity,
-                progress=progress,
-            )
+            if not joined:
+                records.start(
+                    start_step=start,
+                    total=total,
+                    ckpt_dir=b.ckpt_dir,
+                    committed_at=committed_at,
+                    identity=self.identity,
+                    progress=progress,
+                )
             rec.start_interval(start)
             # a stop that came during start-up (restore, loader warm-up) is acted on before the first step
-            stopped = self.stopping.poll(step)
+            stopped = self.stopping.poll(step) if not joined else False
+            first_pending = not joined
             if not stopped and step < total:
                 batches = warm_up_buckets(
                     b.model,
@@ -375,39 +415,61 @@ class Trainer:
                 )
             t_steps = time.perf_counter()
             while step < total and not stopped:
-                rec.timer.start()
-                loss, samples = self._step(b, batches, rec, step + 1, total)
-                step = progress.step = step + 1
-                if step == start + 1:
-                    records.first_step()  # every rank: the start-up profile is complete (a collective)
-                if self.stopping.poll(step):  # every step, every rank: all stop at this one
+                try:
+                    rec.timer.start()
+                    loss, samples = self._step(b, batches, rec, step + 1, total)
+                    step = progress.step = step + 1
+                    if self.in_job is not None:
+                        self.in_job.completed(step)  # the boundary snapshot a survivor would send
+                    if first_pending:
+                        first_pending = False
+                        records.first_step()  # every rank: the start-up profile is complete (a collective)
+                    if self.stopping.poll(step):  # every step, every rank: all stop at this one
+                        rec.step_done(loss, samples=samples)
+                        stopped = True
+                        break
+                    if watchdog.during("save", saver.periodic, step, total):
+                        rec.timer.mark("checkpoint")
                     rec.step_done(loss, samples=samples)
-                    stopped = True
-                    break
-                if watchdog.during("save", saver.periodic, step, total):
-                    rec.timer.mark("checkpoint")
-                rec.step_done(loss, samples=samples)
-                if rec.due(step):
-                    lr = b.optimizer.param_groups[0].get("lr")  # a float, or a tensor: the recorder makes it plain
-                    extra = {"last_checkpoint_step": saver.last_step, "lr": lr}
-                    if b.loader is not None:
-                        extra["epoch"] = b.loader.epoch
-                        if hasattr(b.loader, "interval_metrics"):  # this rank's reads (the capacity planner's input)
-                            extra["input"] = b.loader.interval_metrics()
-                    # rank 0's clock decides a time-based save, the interval's collective carries it to all
-                    report = rec.flush(step, stop=self.stopping.local(step), save=saver.minutes_passed(), extra=extra)
-                    self.display.show(report.record)
-                    watchdog.interval(report.record)  # rank 0: stragglers (hpctrain.runtime.stragglers)
-                    saver.requested = saver.requested or report.save
-                    if report.stop and step < total:
-                        stopped = True
-                        break
-                if evaluator is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
-                    ev = self._evaluate(evaluator, b, step, rec)
-                    eval_loss = ev.loss if ev.loss is not None else eval_loss
-                    if ev.interrupted or self.stopping.poll(step):  # agreed during the evaluation
-                        stopped = True
-                        break
+                    if rec.due(step):
+                        lr = b.optimizer.param_groups[0].get("lr")  # a float, or a tensor: the recorder makes it plain
+                        extra = {"last_checkpoint_step": saver.last_step, "lr": lr}
+                        if b.loader is not None:
+                            extra["epoch"] = b.loader.epoch
+                            if hasattr(
+                                b.loader, "interval_metrics"
+                            ):  # this rank's reads (the capacity planner's input)
+                                extra["input"] = b.loader.interval_metrics()
+                        # rank 0's clock decides a time-based save, the interval's collective carries it to all
+                        report = rec.flush(
+                            step, stop=self.stopping.local(step), save=saver.minutes_passed(), extra=extra
+                        )
+                        self.display.show(report.record)
+                        watchdog.interval(report.record)  # rank 0: stragglers (hpctrain.runtime.stragglers)
+                        saver.requested = saver.requested or report.save
+                        if report.stop and step < total:
+                            stopped = True
+                            break
+                    if evaluator is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < total:
+                        ev = self._evaluate(evaluator, b, step, rec)
+                        eval_loss = ev.loss if ev.loss is not None else eval_loss
+                        if ev.interrupted or self.stopping.poll(step):  # agreed during the evaluation
+                            stopped = True
+                            break
+                except Exception as exc:  # noqa: BLE001 - a peer failure: in-job recovery keeps this process, if on
+                    if self.in_job is None:
+                        raise
+                    step = progress.step = self.in_job.recover(exc, self, b)  # raises what it cannot recover
+                    saver.ckpt = b.ckpt
+                    batches = warm_up_buckets(
+                        b.model,
+                        b.module,
+                        self._batches(b.loader, step),
+                        loss_fn=self.loss_fn,
+                        autocast=b.autocast,
+                        device=self.device,
+                        world_size=self.world_size,
+                    )
             if step > start:
                 progress.step_s = (time.perf_counter() - t_steps) / (step - start)
             if evaluator is not None and step > start and not stopped:
@@ -452,6 +514,8 @@ class Trainer:
             timer.mark("forward_backward")
             loss_sum = micro_loss if loss_sum is None else loss_sum + micro_loss
             samples += b.loader.local_batch_size if b.loader is not None else _batch_len(batch)
+        if self.in_job is not None:
+            self.in_job.check()  # NCCL reports a dead peer here: never step on half-reduced gradients
         if cfg.grad_clip:
             if b.scaler is not None:
                 b.scaler.unscale_(b.optimizer)

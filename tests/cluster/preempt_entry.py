@@ -42,6 +42,8 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--kill-in-save", type=int, default=0, help="attempt 0: rank 1 SIGKILLs itself saving this step")
     p.add_argument("--kill-after", type=int, default=0, help="attempts >= 1: rank 1 SIGKILLs itself after N calls")
     p.add_argument("--hang-at", type=int, default=0, help="attempt 0: rank 1 sleeps for good at this call (a hang)")
+    p.add_argument("--recovery", action="store_true", help="TrainConfig.recovery on (with --warm-spares: its spares)")
+    p.add_argument("--kill-rank3-at", type=int, default=0, help="attempt 0: rank 3 SIGKILLs itself at this call")
     return p.parse_args(list(args))
 
 
@@ -50,7 +52,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
 
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
     from hpctrain.data import H5DataConfig
-    from hpctrain.train import CheckpointPolicy, MetricsConfig, TrainConfig, Trainer
+    from hpctrain.train import CheckpointPolicy, MetricsConfig, RecoveryConfig, TrainConfig, Trainer
 
     opts = _parse(ctx.args)
     samples_dir = ctx.run_dir / "samples"
@@ -80,6 +82,9 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             raise ValueError(f"user code failed at call {calls[0]}")
         if ctx.rank == 1 and opts.kill_after and ctx.restart_count >= 1 and calls[0] == opts.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        if ctx.rank == 3 and opts.kill_rank3_at and ctx.restart_count == 0 and calls[0] == opts.kill_rank3_at:
+            log.write(json.dumps({"killed": time.time()}) + "\n")  # the failure's time, for the measured figure
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step: before the forward and the backward's all-reduce
         if ctx.rank == 1 and opts.hang_at and ctx.restart_count == 0 and calls[0] == opts.hang_at:
             log.write(json.dumps({"hang": time.time()}) + "\n")  # when the hang began, for the measured figure
             time.sleep(24 * 3600)
@@ -99,6 +104,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             ),
         ),
         metrics=MetricsConfig(display=True),
+        recovery=RecoveryConfig() if opts.recovery else None,  # its spares: what the batch script started
     )
     data = H5DataConfig(
         files=(opts.data,), keys=("x", "y"), global_batch_size=opts.batch, num_workers=opts.workers, seed=3

@@ -1,0 +1,221 @@
+"""In-job recovery in the Trainer (``TrainConfig.recovery``): the loop of :mod:`hpctrain.runtime.recovery`, wired.
+
+What the Trainer does with it, on every rank (docs/preemption.md, "In-job recovery"):
+
+* **start**: the Runner's process group (its rendezvous store lives in rank 0, which may be the rank that dies)
+  is left and generation 0 is formed on the recovery store (``HPCTRAIN_RECOVERY_STORE=host:port``, served by
+  something that outlives every rank: the batch script's process); the stop agreement's gloo group is formed
+  anew on it (``StopAgreement.rejoin``), so its sockets are half-closed with the generation's on a failure;
+* **every step**: ``check()`` between the backward and the optimizer step (NCCL reports a dead peer there),
+  ``completed(step)`` after it (the boundary snapshot of loader position, RNG and buffers: small, in memory);
+* **a peer failure** anywhere in the step loop (the step, the stop poll, a periodic save, the interval's
+  collective, an evaluation): ``recover()``; then DDP is wrapped anew on the new generation's group, the
+  Checkpointer is opened anew (its agreement group belonged to the broken generation; an in-flight async save
+  of it is dropped in the background, uncommitted unless it was past its agreement), the loader iterates
+  again from the received position and the loop continues at the agreed step + 1;
+* **a warm spare** (``HPCTRAIN_RECOVERY_SPARE=<i>``): the same entry and Trainer; ``fit()`` builds the model,
+  optimizer, scheduler and scaler, then stands by; given a rank it opens that rank's loader shard, joins the new
+  generation, receives the state, and goes on as that rank. Never needed: ``fit()`` returns without a step.
+
+Anything the path cannot handle falls back with one line (:class:`~hpctrain.errors.InJobRecoveryFallback`, a peer
+failure to the Runner): no spare left, a second failure, a failure outside the step loop (restore, the final
+save). Under fsdp/hsdp the state is sharded, not replicated: recovery is off, said in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import typing as tp
+
+import torch
+
+from hpctrain.errors import UsageError
+from hpctrain.runtime.recovery import InJobRecovery, Recovered
+from hpctrain.runtime.recovery_config import SPARE_ENV, SPARES_ENV, STORE_ENV, spare_from_environ, took_rank
+from hpctrain.runtime.state_transfer import ReplicatedState
+
+__all__ = ["InJob", "STORE_ENV", "SPARE_ENV", "SPARES_ENV", "spare_index"]
+
+
+def _line(text: str) -> None:
+    print(f"hpctrain.train: in-job recovery {text}", file=sys.stderr, flush=True)
+
+
+def spare_index(ctx: tp.Any = None) -> tp.Optional[int]:
+    """This process's warm-spare index (``ctx.recovery_spare``, else ``HPCTRAIN_RECOVERY_SPARE``); None on a rank."""
+    value = getattr(ctx, "recovery_spare", None)
+    return int(value) if value is not None else spare_from_environ()
+
+
+def _store_address() -> tp.Optional[tp.Tuple[str, int]]:
+    value = os.environ.get(STORE_ENV, "").strip()
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"{STORE_ENV}={value!r} must be host:port")
+    return host.strip("[]"), int(port)
+
+
+class InJob:
+    """The Trainer's side of in-job recovery for one ``fit``; :meth:`open` decides whether there is one."""
+
+    def __init__(self, trainer: tp.Any, config: tp.Any, host: str, port: int, spare: tp.Optional[int]) -> None:
+        ctx = trainer.ctx
+        self.ctx, self.spare, self.device = ctx, spare, trainer.device
+        backend = getattr(ctx, "backend", None) or ("nccl" if trainer.device.type == "cuda" else "gloo")
+        who = {"spare": spare} if spare is not None else {"rank": trainer.rank}
+        self.rec = InJobRecovery(
+            config,
+            host=host,
+            port=port,
+            world_size=trainer.world_size,
+            state=None,
+            backend=backend,
+            device=trainer.device,
+            run_dir=trainer.run_dir,
+            job_id=getattr(ctx, "job_id", None),
+            restart_count=int(getattr(ctx, "restart_count", 0) or 0),
+            on_group=self._on_group,
+            **who,
+        )
+
+    @classmethod
+    def open(cls, trainer: tp.Any) -> tp.Optional["InJob"]:
+        """None when recovery is off or cannot work here (one line says why, on rank 0 or a spare). On a rank,
+        generation 0 is formed before returning (the build wraps DDP on it)."""
+        cfg, spare = trainer.config.recovery, spare_index(trainer.ctx)
+        speaks = spare is not None or trainer.rank == 0
+        if cfg is None or not cfg.enabled:
+            if spare is not None:
+                _line(f"off (TrainConfig.recovery is {'None' if cfg is None else 'disabled'}): spare {spare} idle")
+            return None
+        mode = trainer.config.parallel.mode
+        if mode != "ddp":
+            if speaks:
+                _line(
+                    f"off: TrainConfig.parallel.mode={mode!r} shards the state, which no survivor holds whole; "
+                    "a failure restarts from the last commit"
+                )
+            return None
+        if trainer.world_size < 2:
+            if speaks:
+                _line(f"off: a world of {trainer.world_size} rank has no survivor to recover from")
+            return None
+        address = _store_address()
+        if address is None:
+            if speaks:
+                _line(f"off: no recovery store ({STORE_ENV} unset; the launcher serves it); a failure restarts "
+                      "from the last commit")  # fmt: skip
+            return None
+        if os.environ.get(SPARES_ENV, "").strip():
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, spares=int(os.environ[SPARES_ENV]))
+        job = cls(trainer, cfg, address[0], address[1], spare)
+        if spare is None:
+            import torch.distributed as dist
+
+            from hpctrain.runtime import process_group
+
+            if dist.is_available() and dist.is_initialized():
+                process_group.destroy_process_group(synchronize=True)  # the Runner's: its store is rank 0's
+            job.rec.connect()
+        return job
+
+    def _on_group(self, generation: int) -> None:
+        stop = getattr(self.ctx, "stop", None)
+        if stop is not None and hasattr(stop, "rejoin"):
+            stop.rejoin()  # the stop agreement's group on this generation (half-closed with it on a failure)
+
+    # ------------------------------------------------------------------------------------ the rank's loop
+    def attach(self, b: tp.Any) -> None:
+        """What a survivor sends and a replacement receives: the built objects of this ``fit``."""
+        self.rec.state = ReplicatedState(
+            module=b.module,
+            optimizer=b.optimizer,
+            scheduler=b.scheduler,
+            scaler=b.scaler,
+            loader=b.loader,
+            device=self.device,
+        )
+
+    def start(self, step: int) -> None:
+        self.rec.start(step)
+
+    def check(self) -> None:
+        self.rec.check()
+
+    def completed(self, step: int) -> None:
+        self.rec.completed(step)
+
+    def recover(self, error: BaseException, trainer: tp.Any, b: tp.Any) -> int:
+        """A survivor after ``error``: the agreed step to continue after (raises what it cannot recover from)."""
+        got = self.rec.recover(error)
+        self._rejoin(trainer, b, got)
+        return got.step
+
+    # ------------------------------------------------------------------------------------ the warm spare
+    def stand_by(self, trainer: tp.Any, b: tp.Any) -> tp.Optional[Recovered]:
+        """Wait for a rank; None when the job ended without needing this spare."""
+
+        def take(rank: int) -> None:
+            took_rank(rank)  # the Runner ends this process as that rank (rank 0 records the attempt's end)
+            trainer.rank = rank
+            if not callable(trainer.data):
+                b.loader = trainer._build_loader(trainer.data)  # this rank's shard, the position comes with the state
+            self.attach(b)
+
+        _line(f"spare {self.spare}: standing by")
+        got = self.rec.stand_by(on_rank=take)
+        if got is None:
+            _line(f"spare {self.spare}: released, not needed")
+            return None
+        self._rejoin(trainer, b, got)
+        return got
+
+    # ------------------------------------------------------------------------------------ both
+    def _rejoin(self, trainer: tp.Any, b: tp.Any, got: Recovered) -> None:
+        """On every rank of the new generation, in the same order (collectives): DDP anew, the Checkpointer anew."""
+        from hpctrain.runtime.process_group import wrap_ddp
+
+        b.model = wrap_ddp(b.module, self.device)
+        old, b.ckpt = b.ckpt, None
+        if old is not None:
+            threading.Thread(target=_drop, args=(old,), name="hpctrain-drop-checkpointer", daemon=True).start()
+        trainer._open_checkpointer(b)
+        plan = got.plan
+        source = int(plan["source_rank"])
+        if self.spare is not None:
+            _line(f"generation {got.generation}: spare {self.spare} took rank {got.rank}, continuing after step "
+                  f"{got.step} with the state of rank {source}")  # fmt: skip
+        elif trainer.rank == source:
+            took = ", ".join(f"rank {x['rank']} by spare {x['spare']}" for x in plan["replaced"])
+            _line(f"generation {got.generation}: failed rank(s) {plan['failed_ranks']} replaced ({took}), "
+                  f"continuing after step {got.step} with this rank's state")  # fmt: skip
+
+    def finish(self) -> None:
+        """End of ``fit`` on every rank: the stop agreement's last poll settled, idle spares released, the group
+        left. Never raises (the run's own end is what counts)."""
+        stop = getattr(self.ctx, "stop", None)
+        try:
+            if stop is not None and hasattr(stop, "settle") and torch.distributed.is_initialized():
+                stop.settle()  # it forgets the poll before waiting: a failure leaves nothing pending
+        except Exception:  # noqa: BLE001 - a peer already gone: nothing pending is worth waiting for
+            pass
+        try:
+            self.rec.finish()
+        except Exception as exc:  # noqa: BLE001
+            _line(f"finish: {type(exc).__name__}: {exc}")
+
+
+def _drop(ckpt: tp.Any) -> None:
+    """A broken generation's Checkpointer: its in-flight save abandoned and its threads stopped, off the loop's
+    path (its agreement may wait on the dead rank until ``agreement_timeout_s``)."""
+    try:
+        ckpt.abandon()
+        ckpt.close()
+    except Exception:  # noqa: BLE001 - its save fails with the generation: uncommitted, as abandoned
+        pass

@@ -1,0 +1,71 @@
+"""In-job recovery on the dev cluster: rank 3's process SIGKILLed mid-run, a warm spare takes its place inside the
+step, and the run finishes in the same job and the same attempt, bit-identical to an uninterrupted run.
+
+2 nodes x 2 tasks + 1 spare node (``--spare-nodes 1 --warm-spares``: two warm spares on it, the recovery store
+served by the batch script's spare-node loop), tests/cluster/preempt_entry.py with ``TrainConfig.recovery`` on, at
+0.1 s a step, a checkpoint every 20 steps; rank 3 kills itself at its 30th step. The figure (failure -> the first
+new step, from the ``in_job_recovery`` record, and from the victim's own kill time) is printed and appended to
+$HPCTRAIN_FIGURES when set; docs/preemption.md ("In-job recovery", "On Slurm") quotes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import typing as tp
+
+import pytest
+
+from tests.cluster.preempt_entry import write_data
+from tests.cluster.test_node_failure import _submit
+from tests.cluster.test_preemption import STEPS, _calls, _exits, _ledger, _restarts, _starts, _wait
+from tests.cluster.test_slurm_ddp import model_digest, wait_final
+
+pytestmark = [pytest.mark.slurm]
+
+KILL_AT = 30
+
+
+def _records(run_dir: tp.Any, event: str) -> tp.List[tp.Dict[str, tp.Any]]:
+    return [r for r in _ledger(run_dir) if r["event"] == event]
+
+
+def test_a_killed_rank_is_replaced_by_a_warm_spare_inside_the_step(tmp_path):
+    write_data(tmp_path / "data.h5", 256)
+    common = ["--data", str(tmp_path / "data.h5"), "--batch", "16", "--steps", str(STEPS), "--ckpt-every", "20"]
+    ref, run_dir = tmp_path / "ref", tmp_path / "warm"
+    ref_job = _submit(ref, args=common)  # the uninterrupted run of the same world size, recovery off
+    args = [*common, "--sleep", "0.1", "--recovery", "--kill-rank3-at", str(KILL_AT)]
+    job = _submit(run_dir, "--spare-nodes", "1", "--warm-spares", args=args)
+    try:
+        _wait("the recovery", lambda: _records(run_dir, "in_job_recovery"), timeout=240)
+        load = os.getloadavg()[0]  # the machine's load at the recovery (2 shared cores: the figure depends on it)
+        assert wait_final(job, timeout=300) == "COMPLETED"
+        assert wait_final(ref_job, timeout=120) == "COMPLETED"
+    finally:
+        subprocess.run(["scancel", job, ref_job], capture_output=True)
+    (record,) = _records(run_dir, "in_job_recovery")
+    assert record["failed_ranks"] == [3] and record["fallback"] is None, record
+    assert record["agreed_step"] == KILL_AT - 1 and record["steps_redone"] == 1
+    assert record["replaced"][0]["rank"] == 3 and record["replaced"][0]["by"] in ("s0", "s1")
+    # the same job and the same attempt: no requeue, no new step, no restart from the last commit
+    assert _restarts(job) == 0 and _records(run_dir, "in_job_restart") == []
+    assert [s["restart_count"] for s in _starts(run_dir)] == [0]
+    assert [(e["restart_count"], e["cause"]) for e in _exits(run_dir)] == [(0, "finished")]
+    assert model_digest(run_dir, STEPS) == model_digest(ref, STEPS)
+
+    (killed,) = [c["killed"] for c in _calls(run_dir, 0, rank=3) if "killed" in c]
+    fig = {
+        "run": "warm spare",
+        "failure_to_first_step_s": round(record["failure_to_first_step_s"], 2),
+        "kill_to_first_step_s": round(record["first_step_at"] - killed, 2),
+        "phases_s": {k: round(v, 3) for k, v in record["phases_s"].items() if v is not None},
+        "agreed_step": record["agreed_step"],
+        "steps_redone": record["steps_redone"],
+        "load_average_1m": round(load, 2),
+    }
+    print(f"figures {json.dumps(fig)}")
+    if os.environ.get("HPCTRAIN_FIGURES"):
+        with open(os.environ["HPCTRAIN_FIGURES"], "a") as f:
+            f.write(json.dumps(fig) + "\n")

@@ -1,0 +1,123 @@
+"""``--warm-spares``: the spare-node loop serves in-job recovery's store, runs the warm spares beside the training
+step, releases them after it, and takes a step whose replaced task died but whose run finished as a success."""
+
+from __future__ import annotations
+
+import sys
+import typing as tp
+from pathlib import Path
+
+import pytest
+
+from hpctrain.launch.spares import SpareLoop, step_argv
+from hpctrain.launch.warm_spares import WarmSpares
+from hpctrain.ledger import Ledger
+from hpctrain.testing import FakeSlurm
+
+ENV = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-3]"}
+
+
+class _Spares:
+    made: tp.List["_Spares"] = []
+
+    def __init__(self, *, hosts, tasks_per_node, world_size):
+        self.hosts, self.tasks_per_node, self.world_size, self.ended = hosts, tasks_per_node, world_size, False
+        _Spares.made.append(self)
+
+    def start(self, srun, env, argv_of):
+        self.argv = argv_of(srun, nodes=len(self.hosts), tasks_per_node=self.tasks_per_node, hosts=self.hosts)
+        return dict(env, HPCTRAIN_RECOVERY_STORE="node1:4242", HPCTRAIN_RECOVERY_SPARES="2")
+
+    def end(self):
+        self.ended = True
+
+
+def _loop(run_dir: Path, rcs: tp.List[int], *, finished: bool) -> tp.Tuple[SpareLoop, tp.List[tp.Any]]:
+    slurm = FakeSlurm()
+    slurm.jobs["7"] = {"JobState": "RUNNING", "Restarts": "0", "NodeList": "node[1-3]", "NumNodes": "3"}
+    steps: tp.List[tp.Any] = []
+
+    def run_step(argv, env):
+        steps.append((argv, env))
+        if finished:  # the deciding rank's record of a run that completed
+            Ledger(run_dir).append({"event": "exit", "job_id": "7", "restart_count": 0, "cause": "finished"})
+        return rcs[len(steps) - 1]
+
+    loop = SpareLoop(run_dir=run_dir, nodes=2, tasks_per_node=2, spares=1, srun=["srun", "cmd"], slurm=slurm,
+                     environ=ENV, run_step=run_step, exit_wait_s=0.2, warm_spares=True,
+                     make_spares=_Spares)  # fmt: skip
+    return loop, steps
+
+
+def test_the_training_step_keeps_running_past_a_dead_task_and_a_finished_run_is_a_success(tmp_path):
+    _Spares.made.clear()
+    loop, steps = _loop(tmp_path, [137], finished=True)
+    assert loop.run() == 0  # rank 3's task was SIGKILLed (srun exits 137) but the run finished in the job
+    ((argv, env),) = steps
+    assert argv[:6] == ["srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--nodelist=node1,node2",
+                        "--kill-on-bad-exit=0"]  # fmt: skip
+    assert env["HPCTRAIN_RECOVERY_STORE"] == "node1:4242"
+    (spares,) = _Spares.made
+    assert spares.hosts == ["node3"] and spares.world_size == 4 and spares.ended
+    assert spares.argv[:5] == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--nodelist=node3"]
+
+
+def test_a_failed_run_is_still_a_failure(tmp_path):
+    loop, steps = _loop(tmp_path, [1], finished=False)
+    assert loop.run() == 1 and len(steps) == 1
+
+
+SPARE = """
+import datetime, json, os, sys
+import torch.distributed as dist
+host, port = "127.0.0.1", os.environ["HPCTRAIN_RECOVERY_STORE"].rsplit(":", 1)[1]
+store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=30))
+key = "hpctrain/recovery/spare/0/assign"
+store.wait([key])
+print(os.environ["HPCTRAIN_RECOVERY_SPARE"], os.environ["HPCTRAIN_RECOVERY_WORLD"], sys.argv[1:],
+      json.loads(store.get(key)), flush=True)
+"""
+
+
+def test_the_store_is_served_and_a_spare_standing_by_is_released_when_the_step_ends(tmp_path, capfd):
+    script = tmp_path / "fake_srun.py"
+    script.write_text(f"#!{sys.executable}\n{SPARE}")  # an "srun" that takes the step's options as arguments
+    script.chmod(0o755)
+    warm = WarmSpares(hosts=["node3"], tasks_per_node=1, world_size=4, wait_s=60)
+    env = warm.start([str(script), "--output", "d/%j_%t_log.out"], {}, step_argv)
+    assert env["HPCTRAIN_RECOVERY_SPARES"] == "1" and env["HPCTRAIN_RECOVERY_STORE"].endswith(f":{warm.store.port}")
+    assert warm.end() == 0  # released: it read the finish key and exited
+    out = capfd.readouterr().out
+    assert out.startswith("task 4 ") and "'d/%j_spare%t_log.out'" in out and "{'finish': True}" in out, out
+
+
+@pytest.mark.parametrize("took_rank_0", [False, True])
+def test_the_runner_gives_a_warm_spare_a_context_without_a_group_and_no_result(tmp_path, took_rank_0):
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, HPCTRAIN_RECOVERY_SPARE="task", SLURM_PROCID="1", HPCTRAIN_RECOVERY_WORLD="4",
+               PYTHONPATH=str(root))  # fmt: skip
+    for name in ("SLURM_JOB_ID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpctrain.launch", "--entry", "tests.entries:spare_probe", "--run-dir", str(tmp_path),
+         "--", *(["take-rank-0"] if took_rank_0 else [])],
+        env=env, cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "spare.json").read_text()) == {
+        "rank": -1,
+        "world_size": 4,
+        "group": False,
+        "stop": True,
+    }
+    assert "hpctrain: warm spare 1 on " in proc.stdout and "for a world of 4" in proc.stdout
+    assert not list(tmp_path.glob("ranks/*/rank-*.json"))  # no rank record of its own (its index is a rank's)
+    exits = Ledger(tmp_path).records("exit")
+    if took_rank_0:  # it trained as rank 0 to the end: it records the attempt's end, as rank 0 would
+        assert [(e["cause"], e["decided_by_rank"]) for e in exits] == [("finished", 0)], exits
+    else:
+        assert exits == []
