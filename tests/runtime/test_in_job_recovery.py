@@ -156,6 +156,11 @@ def _train(role: str, index: int, world_size: int, port: int, opts: tp.Dict[str,
 
 def _process(role, index, world_size, port, opts, out):  # pragma: no cover - child
     os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    import faulthandler
+    import sys
+
+    # a process still running 30 s before the launcher gives up prints where it is (pytest shows the stderr)
+    faulthandler.dump_traceback_later(opts.get("dump_after_s", 120.0), exit=False, file=sys.stderr)
     try:
         payload = ("ok", _train(role, index, world_size, port, opts))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
