@@ -18,8 +18,9 @@ moved back after, also on failure, Ctrl-C or SIGTERM; a cgroup left by a killed 
    after its first 10 %, so the throttle's first time slice does not count).
 3. Predict the data wait at 1-4 nodes (``capacity_report`` with ``read_bw=A``, ``local_batch``), then run each
    node count throttled, with a cold page cache, ``--repeats`` times, interleaved (the order reversed every other
-   repeat), and compare. Measured: each run's data wait as the planner reads a calibration (the median over ranks,
-   then over its interval records, the first left out). Each run also checks that the throttle saw the job's reads
+   repeat), and compare. Measured: each run's data wait as the step saw it, the slowest rank's (the max over ranks,
+   then the median over its interval records, the first left out: ``Calibration.data_wait_slowest_s``; the median
+   rank's is reported beside it), and its step time. Each run also checks that the throttle saw the job's reads
    (the cgroup's ``blkio.throttle.io_service_bytes`` of the loop device against the loader's bytes read).
 
 ``python benchmarks/input_path_validation.py [--out runs/input-path] [--read-mbps 20] [--repeats 2] [--json PATH]``
@@ -391,9 +392,10 @@ def validate(ns: argparse.Namespace, echo: tp.Callable[[str], None] = print) -> 
             echo(f"aggregate read bandwidth (probe in the cgroup): {agg / 1e6:.2f} MB/s (throttle {ns.read_mbps} MB/s)")
             targets = Targets(nodes=tuple(nodes), local_batch=ns.local_batch, read_bw=agg)
             report = capacity_report(cal, targets)
-            runs: tp.Dict[int, tp.List[tp.Dict[str, tp.Any]]] = {n: [] for n in nodes}
+            runs: tp.Dict[int, tp.List[tp.Dict[str, tp.Any]]] = {}
+            measure = [int(x) for x in ns.measure.split(",")] if ns.measure else nodes
             for rep in range(ns.repeats):
-                for n in nodes if rep % 2 == 0 else nodes[::-1]:
+                for n in measure if rep % 2 == 0 else measure[::-1]:
                     run_dir = out / f"r{rep}" / f"n{n}"
                     run_dir.parent.mkdir(parents=True, exist_ok=True)
                     evict(data)
@@ -403,10 +405,11 @@ def validate(ns: argparse.Namespace, echo: tp.Callable[[str], None] = print) -> 
                     device = throttle.bytes_read() - before
                     (c,) = read_calibrations(run_dir)
                     loader = _loader_bytes(run_dir) * n
-                    runs[n].append(
+                    runs.setdefault(n, []).append(
                         {
                             "run_dir": str(run_dir),
-                            "data_wait_s": c.data_wait_s,
+                            "data_wait_s": c.data_wait_slowest_s,
+                            "data_wait_median_rank_s": c.data_wait_s,
                             "step_s": c.step_s,
                             "interval_waits_s": _interval_waits(run_dir),
                             "device_bytes": device,
@@ -436,9 +439,10 @@ def _result(
 ) -> tp.Dict[str, tp.Any]:
     predicted = {r["nodes"]: r for r in report["rows"]}
     rows = []
-    for n, got in runs.items():
+    for n, got in sorted(runs.items()):
         row = predicted[n]
         waits = [g["data_wait_s"] for g in got]
+        median_rank = statistics.median(g["data_wait_median_rank_s"] for g in got)
         steps = [g["step_s"] for g in got]
         pr, ms = row["parts"]["data_wait_s"], statistics.median(waits)
         bound = bool(row["input"]["storage_bound"])
@@ -450,6 +454,8 @@ def _result(
                 "data_wait_measured_s": ms,
                 "data_wait_runs_s": waits,
                 "data_wait_error": _err(pr, ms),
+                "data_wait_median_rank_s": median_rank,
+                "data_wait_median_rank_error": _err(pr, median_rank),
                 "data_wait_noise": (max(waits) - min(waits)) / ms if ms > 0 else None,
                 "step_predicted_s": row["step_s"],
                 "step_measured_s": statistics.median(steps),
@@ -467,17 +473,23 @@ def _result(
             f"{ms * 1e3:.1f} ms {[round(w * 1e3, 1) for w in waits]}"
             + (f", error {err:+.1%}" if err is not None else "")
             + (f", repeat spread {noise:.1%}" if noise is not None else "")
+            + f" (the median rank's: {median_rank * 1e3:.1f} ms)"
             + f"; step predicted {row['step_s'] * 1e3:.1f} ms, measured {statistics.median(steps) * 1e3:.1f} ms"
         )
     bound = [abs(r["data_wait_error"]) for r in rows if r["storage_bound"] and r["data_wait_error"] is not None]
+    step = [abs(r["step_error"]) for r in rows if r["step_error"] is not None]
     summary = {
         "storage_bound_from": report["summary"].get("storage_bound_from"),
         "bound_mean_abs_error": statistics.mean(bound) if bound else None,
         "bound_max_abs_error": max(bound) if bound else None,
+        "step_mean_abs_error": statistics.mean(step) if step else None,
+        "step_max_abs_error": max(step) if step else None,
     }
     echo(f"storage becomes the bound at {summary['storage_bound_from']} nodes (predicted)")
     if bound:
         echo(f"storage-bound rows: data wait |error| mean {statistics.mean(bound):.1%}, max {max(bound):.1%}")
+    if step:
+        echo(f"all rows: step |error| mean {statistics.mean(step):.1%}, max {max(step):.1%}")
     model = report["model"]
     return {
         "benchmark": "input_path_validation",
@@ -506,6 +518,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--nodes", default="1,2,3,4", help="node counts to predict and measure (throttled)")
     p.add_argument("--calibrate", default="1,2", help="node counts of the calibration runs (unthrottled)")
+    p.add_argument("--measure", default="", help="node counts to run throttled (default: --nodes)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--submit-args", default="--cluster slurm --cpus-per-task 1 --time 10")
     p.add_argument("--json", help="also write the JSON here")
