@@ -514,8 +514,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-mb", type=int, default=64, help="size of the bandwidth probe's file")
     p.add_argument("--local-batch", type=int, default=32)
     p.add_argument("--sleep-ms", type=float, default=140.0)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--steps", type=int, default=108)
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=12,
+        help="steps per metrics interval: a multiple of the loader's read task (4 steps here), so that every interval "
+        "holds whole tasks (10 would alternate between 2 and 3 tasks' reads and waits)",
+    )
     p.add_argument("--nodes", default="1,2,3,4", help="node counts to predict and measure (throttled)")
     p.add_argument("--calibrate", default="1,2", help="node counts of the calibration runs (unthrottled)")
     p.add_argument("--measure", default="", help="node counts to run throttled (default: --nodes)")

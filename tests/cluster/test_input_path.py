@@ -107,19 +107,20 @@ def test_sigterm_restores_the_cgroup_and_unmounts(tmp_path, cgroup, sleeper):
 @pytest.mark.slurm
 def test_short_validation_predicts_the_storage_bound_data_wait_at_3_nodes(tmp_path):
     """The benchmark's short form on the dev cluster: calibrate at 1 and 2 nodes unthrottled, predict 1 and 3 nodes
-    at 20 MB/s, run 3 nodes throttled (40 steps), and check the prediction (about 2 minutes).
+    at 20 MB/s, run 3 nodes throttled (48 steps, an interval every 8: whole read tasks of 4 steps), and check the
+    prediction (about 80 s).
 
-    The bounds come from the full form's two rounds of 2 repeats each (docs/capacity.md "Validation of the input
-    path"). The step time at 3 nodes missed by +4.1 % and -1.3 % (single runs from -6.0 % to +4.4 %): bound 15 %,
-    about 2.5x the worst single run, as this form reads 7 intervals instead of 9 after a calibration of 40 steps
-    instead of 100. The data wait (the slowest rank's) missed by +2.4 % and +22.6 % (single runs up to +25 %): the
-    predicted wait is the read time less the predicted rest of the step, so the 2-node calibration's noisy
-    communication moves it while the predicted step does not; bound 40 %. Both still fail each model error that
-    matters here: no storage share (a wait of 0: -100 %, a step of 145 ms against 320: -55 %), no prefetch overlap
-    (the whole read as wait: about +120 %), or the median rank's wait taken for the step's (about +90 %)."""
+    The bounds come from the repeats (docs/capacity.md "Validation of the input path"). At 3 nodes the step time
+    missed by -6.0 % to +4.4 % over the full form's 6 runs (3 rounds of 2) and by -1.4 % and -1.1 % in two runs
+    of this form: bound 15 %, 2.5x the worst. The data wait (the slowest rank's) missed by up to +24.9 % in a
+    single full-form run and by -3.4 % and +13.7 % here: it is the read time less the predicted rest of the step,
+    and the rest carries the 2-node calibration's noisy communication (the step does not), and the slowest rank's
+    wait is a lower bound of the step's; bound 40 %. Both still fail each model error that matters here by a wide
+    margin: no storage share (a wait of 0: -100 %; a step of 145 ms against 320: -55 %), no prefetch overlap (the
+    whole read as the wait: about +100 %), or the median rank's wait taken for the step's (+30 % to +240 %)."""
     ns = ipv.parser().parse_args(
         ["--out", str(tmp_path / "runs"), "--image", str(tmp_path / "fs.img"), "--mnt", str(tmp_path / "mnt"),
-         "--nodes", "1,3", "--calibrate", "1,2", "--measure", "3", "--steps", "40", "--log-every", "5",
+         "--nodes", "1,3", "--calibrate", "1,2", "--measure", "3", "--steps", "48", "--log-every", "8",
          "--repeats", "1", "--probe-mb", "48"]
     )  # fmt: skip
     pids = ipv.slurmd_pids()
