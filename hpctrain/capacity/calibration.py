@@ -70,6 +70,7 @@ class Calibration:
     step_s: float
     """The median step without its checkpoint stall."""
     data_wait_s: float
+    """The median rank's data wait (the median over ranks, then over intervals)."""
     compute_s: float
     """``forward_backward``: the backward's communication wait is carved out of it."""
     comm_s: float
@@ -78,6 +79,11 @@ class Calibration:
     other_s: float
     """The step less its parts (medians over ranks do not add up exactly)."""
     samples_per_s: float
+    data_wait_slowest_s: tp.Optional[float] = None
+    """The slowest rank's data wait (the max over ranks, then the median over intervals): what a synchronous step
+    waited for input. With one rank per node and storage the bound, every step waits for the last rank's batch:
+    that rank's wait is the step's, the others spend the same time in the gradient all-reduce (exposed
+    communication), so the median rank's ``data_wait_s`` shows only part of it (docs/capacity.md)."""
     flops_per_sample: tp.Optional[float] = None
     save_stall_s: tp.Optional[float] = None
     """What a periodic save blocked the step for (async: the copy to host memory)."""
@@ -448,6 +454,7 @@ def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Cal
             optimizer_s=parts["optimizer_s"],
             other_s=max(0.0, step - known),
             samples_per_s=_median([r.get("samples_per_s") for r in recs]) or 0.0,
+            data_wait_slowest_s=_median([_part(r, "data_wait_s", "max") for r in recs]),
             flops_per_sample=flops,
             save_stall_s=_stall_per_save(recs, every_steps),
             save_commit_s=_median([e.get("last_save_s") for e in ends if e.get("last_save_s")]),

@@ -137,3 +137,20 @@ def test_bad_local_read_bw_is_one_line(shared, capsys):
     assert hpctrain_main(["capacity", shared, "--local-read-bw", "-1"]) == 2
     err = capsys.readouterr().err
     assert err == "hpctrain capacity: error: --local-read-bw '-1' must be a number > 0\n"
+
+
+def test_the_slowest_rank_s_data_wait_is_read_beside_the_median_rank_s(tmp_path):
+    """A synchronous step waits for the last rank's batch: ``data_wait_slowest_s`` is the max over ranks of each
+    interval's per-step wait, then the median over intervals (the first left out), beside the median rank's."""
+    from hpctrain.capacity import read_calibrations
+
+    root = make_run(tmp_path / "r", world=3, nodes=3, global_batch=96, data_ms=50.0, compute_ms=100.0, comm_ms=5.0)
+    path = root / "train" / "metrics.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    intervals = [r for r in recs if r.get("kind") == "interval"]
+    for i, (rec, slowest) in enumerate(zip(intervals, (0.9, 0.2, 0.15, 0.3, 0.25, 0.2))):
+        rec["per_step"]["data_wait_s"].update(max=slowest, max_rank=i % 3)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (cal,) = read_calibrations(root)
+    assert cal.data_wait_s == pytest.approx(0.05)
+    assert cal.data_wait_slowest_s == pytest.approx(0.2)  # median of 0.2, 0.15, 0.3, 0.25, 0.2: the first left out
