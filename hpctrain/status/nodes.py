@@ -1,7 +1,8 @@
-"""Node failures, excluded hosts and in-job restarts of a run, for ``status`` (stdlib only, never torch).
+"""Node failures, excluded hosts, in-job restarts and in-job recoveries of a run, for ``status`` (stdlib only).
 
 From the ledger (sanitised by :mod:`hpctrain.status.report`): ``exit`` records with ``failed_nodes`` or an
-exclusion (:mod:`hpctrain.launch.exclusion`) and ``in_job_restart`` records (:mod:`hpctrain.launch.spares`).
+exclusion (:mod:`hpctrain.launch.exclusion`), ``in_job_restart`` records (:mod:`hpctrain.launch.spares`) and
+``in_job_recovery`` records (:mod:`hpctrain.runtime.recovery`: a rank replaced by a warm spare, or the fallback).
 """
 
 from __future__ import annotations
@@ -73,7 +74,38 @@ def collect_nodes(ledger: tp.Sequence[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, 
                 "failure_to_start_s": started - failed_at if failed_at is not None and started is not None else None,
             }
         )
-    return {"node_failures": failures, "in_job_restarts": restarts, "excluded_nodes": excluded}
+    recoveries = [_recovery(r) for r in ledger if r.get("event") == "in_job_recovery"]
+    return {
+        "node_failures": failures,
+        "in_job_restarts": restarts,
+        "in_job_recoveries": recoveries,
+        "excluded_nodes": excluded,
+    }
+
+
+def _ints(value: tp.Any) -> tp.List[int]:
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def _recovery(r: tp.Mapping[str, tp.Any]) -> tp.Dict[str, tp.Any]:
+    """One ``in_job_recovery`` record as status shows it: who was replaced by which spare, or why it fell back."""
+    replaced = r.get("replaced") if isinstance(r.get("replaced"), list) else []
+    pairs = [
+        {"rank": x.get("rank"), "spare": x.get("spare")}
+        for x in replaced
+        if isinstance(x, dict) and isinstance(x.get("rank"), int) and isinstance(x.get("spare"), int)
+    ]
+    return {
+        "job_id": r.get("job_id"),
+        "restart_count": r.get("restart_count"),
+        "generation": r.get("generation"),
+        "failed_ranks": _ints(r.get("failed_ranks")),
+        "replaced": pairs,
+        "agreed_step": r.get("agreed_step"),
+        "steps_redone": r.get("steps_redone"),
+        "failure_to_first_step_s": r.get("failure_to_first_step_s"),
+        "fallback": r.get("fallback"),
+    }
 
 
 def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None], text: tp.Callable[..., str]) -> None:
@@ -97,6 +129,21 @@ def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None],
             f"[bold]spare[/]      attempt {text(r['restart_count'])} -> {text(r['next_restart_count'])} without "
             f"{text(','.join(r['failed_nodes']), 200)} (spare {text(r['spares_used'])} of {text(r['spares'])})"
             + (f" · next attempt started {took:.1f}s after the failure" if took is not None else "")
+        )
+    for r in (report.get("in_job_recoveries") or [])[-SHOWN:]:
+        ranks = ",".join(str(x) for x in r["failed_ranks"]) or "?"
+        if r["fallback"]:
+            out(
+                f"[bold]recovery[/]   attempt {text(r['restart_count'])}: rank(s) {ranks} lost, in-job recovery fell "
+                f"back: {text(r['fallback'], 200)} · the restart from the last commit takes over"
+            )
+            continue
+        by = ", ".join(f"rank {p['rank']} by spare {p['spare']}" for p in r["replaced"])
+        took = r["failure_to_first_step_s"]
+        out(
+            f"[bold]recovered[/]  attempt {text(r['restart_count'])}, generation {text(r['generation'])}: {by or ranks}"
+            f" in the job · continued after step {text(r['agreed_step'])}, {text(r['steps_redone'])} step redone"
+            + (f" · first step {took:.1f}s after the failure" if isinstance(took, (int, float)) else "")
         )
     if report.get("excluded_nodes"):
         out(f"[bold]excluded[/]   {text(','.join(report['excluded_nodes']), 400)} (scontrol ExcNodeList of the job)")

@@ -255,6 +255,21 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "spares_used": Int(0),
         "spares": Int(0),
     },
+    # a rank replaced inside the step by a warm spare, or the fallback (hpctrain.runtime.recovery)
+    "ledger.in_job_recovery": {
+        **_LEDGER_COMMON,
+        "generation": Int(0),
+        "agreed_step": STEP,
+        "interrupted_step": STEP,
+        "steps_redone": Int(0),
+        "source_rank": RANK,
+        "world_size": WORLD,
+        "spares_left": Int(0),
+        "failed_at": TIME,
+        "first_step_at": TIME,
+        "failure_to_first_step_s": SECONDS,
+        "fallback": Str(),
+    },
     # RUN_DIR/train/metrics.jsonl
     "metrics.interval": {
         "schema": Str(),

@@ -1,4 +1,5 @@
-"""``status`` shows node failures, the hosts a job excludes and in-job restarts on spare nodes, from the ledger."""
+"""``status`` shows node failures, the hosts a job excludes, in-job restarts on spare nodes and in-job recoveries
+by warm spares, from the ledger."""
 
 from __future__ import annotations
 
@@ -59,3 +60,40 @@ def test_status_names_failed_and_excluded_hosts_and_the_spare_restart(tmp_path, 
     assert "node_failure on n3 · requeued (kept n1: bound)" in out
     assert "attempt 0 -> 1 without n2 (spare 1 of 1) · next attempt started 10.0s after the failure" in out
     assert "excluded   n3" in out
+
+
+def test_status_names_the_rank_a_warm_spare_replaced_in_the_job_and_a_fallback(tmp_path, capsys):
+    now = time.time()
+    ledger = Ledger(tmp_path)
+    ledger.append({"event": "start", "time": now - 100, "job_id": "9", "restart_count": 0, "hosts": ["n1", "n2"]})
+    ledger.append(
+        {
+            "event": "in_job_recovery",
+            "time": now - 60,
+            "job_id": "9",
+            "restart_count": 0,
+            "generation": 1,
+            "failed_ranks": [3],
+            "agreed_step": 29,
+            "steps_redone": 1,
+            "replaced": [{"rank": 3, "was": "r3", "by": "s0", "spare": 0}],
+            "failure_to_first_step_s": 1.57,
+            "fallback": None,
+        }
+    )
+    ledger.append({"event": "in_job_recovery", "time": now - 30, "job_id": "9", "restart_count": 0, "generation": 2,
+                   "failed_ranks": [1], "replaced": "garbage", "failure_to_first_step_s": "x",
+                   "fallback": "no warm spare left for rank(s) [1] (1 configured, 1 used)"})  # fmt: skip
+    report = collect(tmp_path)
+    first, second = report["in_job_recoveries"]
+    assert first["replaced"] == [{"rank": 3, "spare": 0}] and first["failure_to_first_step_s"] == 1.57
+    assert second["replaced"] == [] and second["failure_to_first_step_s"] is None  # damage: unknown, not a crash
+    assert any("failure_to_first_step_s" in p and "unknown" in p for p in report["problems"]), report["problems"]
+    json.dumps(report)
+    from rich.console import Console
+
+    render(report, Console(width=220, highlight=False))
+    out = capsys.readouterr().out
+    assert "recovered  attempt 0, generation 1: rank 3 by spare 0 in the job · continued after step 29, 1 step" in out
+    assert "first step 1.6s after the failure" in out
+    assert "recovery   attempt 0: rank(s) 1 lost, in-job recovery fell back: no warm spare left for rank(s) [1]" in out
