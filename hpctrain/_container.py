@@ -428,24 +428,19 @@ def _run_relayed(argv: tp.Sequence[str]) -> tp.Dict[str, tp.Any]:
 
 def _main(argv: tp.Sequence[str]) -> int:
     if len(argv) >= 2 and argv[0] == "relay":
-        opts, rest = {"--batch-pid": None, "--orphan-grace-s": None}, list(argv[2:])
-        while len(rest) >= 2 and rest[0] in opts:
-            flag, value, rest = rest[0], rest[1], rest[2:]
-            opts[flag] = value
-        if not rest:
-            pid, grace = opts["--batch-pid"], opts["--orphan-grace-s"]
-            relay(
-                argv[1],
-                orphan_grace_s=float(grace) if grace is not None else RELAY_ORPHAN_GRACE_S,
-                batch_pid=int(pid) if pid is not None else None,
-            )
-            return 0
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="python -m hpctrain._container relay")
+        parser.add_argument("dir")
+        parser.add_argument("--batch-pid", type=int, help="the batch script's $$: the relay ends after it")
+        parser.add_argument("--orphan-grace-s", type=float, default=RELAY_ORPHAN_GRACE_S)
+        args = parser.parse_args(argv[1:])  # a bad flag: one usage line, exit 2
+        relay(args.dir, orphan_grace_s=args.orphan_grace_s, batch_pid=args.batch_pid)
+        return 0
     if len(argv) >= 3 and argv[0] == "ask":
         return ask(argv[1], argv[2:])
     print(
-        "usage: python -m hpctrain._container relay DIR [--batch-pid PID] [--orphan-grace-s S]"
-        " | ask DIR COMMAND [ARG...]",
-        file=sys.stderr,
+        "usage: python -m hpctrain._container relay DIR [--batch-pid PID] | ask DIR COMMAND [ARG...]", file=sys.stderr
     )
     return 2
 

@@ -19,7 +19,7 @@ import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["run_world", "WorldResult", "free_port"]
+__all__ = ["run_world", "WorldResult", "free_port", "run_roles", "report_to"]
 
 
 def free_port() -> int:
@@ -112,3 +112,52 @@ def run_world(
     if not allow_failures and (errors or any(c != 0 for c in exitcodes)):
         raise RuntimeError("\n".join(errors) or f"ranks exited with {exitcodes}")
     return WorldResult(results=results, exitcodes=exitcodes)
+
+
+Role = tp.Tuple[str, int]
+
+
+def report_to(out: str, run: tp.Callable[[], tp.Any]) -> None:  # pragma: no cover - child
+    """In a child of :func:`run_roles`: ``run()``, its result or its error pickled to ``out``, then exit (0: ok)."""
+    try:
+        payload = ("ok", run())
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        from hpctrain.runtime.preemption import is_peer_failure
+
+        payload = ("error", {"type": type(exc).__name__, "message": str(exc), "peer_failure": is_peer_failure(exc),
+                             "traceback": traceback.format_exc()})  # fmt: skip
+    Path(out).write_bytes(pickle.dumps(payload))
+    os._exit(0 if payload[0] == "ok" else 1)
+
+
+def run_roles(
+    target: tp.Callable[..., None],
+    who: tp.Sequence[Role],
+    args: tp.Sequence[tp.Any],
+    *,
+    timeout: float = 150.0,
+    frozen: tp.Optional[Role] = None,
+) -> tp.Tuple[tp.Dict[Role, tp.Any], tp.Dict[Role, tp.Optional[int]]]:
+    """One spawned process per ``(role, index)`` of ``who`` running ``target(role, index, *args, out)`` (it calls
+    :func:`report_to`); ``(results, exit codes)`` by role, a result None where nothing was reported. ``frozen``:
+    a process the test stopped (SIGSTOP), not waited for but killed once the others are done, as its node's
+    failure would end it. Any other still running after ``timeout`` fails the test."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="hpctrain-roles-") as tmp:
+        outs = {w: f"{tmp}/{w[0]}{w[1]}.pkl" for w in who}
+        procs = {w: ctx.Process(target=target, args=(w[0], w[1], *args, outs[w])) for w in who}
+        for p in procs.values():
+            p.start()
+        for w, p in procs.items():
+            if w != frozen:
+                p.join(timeout)
+        if frozen is not None:
+            procs[frozen].kill()
+        hung = [w for w, p in procs.items() if p.is_alive() and w != frozen]
+        for w in hung:
+            procs[w].kill()
+            procs[w].join()
+        assert not hung, f"still running after {timeout}s: {hung}"
+        results = {w: pickle.loads(Path(outs[w]).read_bytes()) if Path(outs[w]).exists() else None for w in who}
+        codes = {w: p.exitcode for w, p in procs.items()}
+    return results, codes

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing as tp
 from pathlib import Path
 
 import pytest
@@ -164,18 +165,27 @@ def test_image_record_digests_a_file_image(tmp_path):
     assert ref["kind"] == "reference" and ref["digest"] is None
 
 
-def test_relay_runs_slurm_commands_outside_and_only_them(tmp_path, monkeypatch):
-    where = tmp_path / "relay"
+def _outside_env(tmp_path: Path, scontrol: str) -> tp.Dict[str, str]:
+    """The environment outside the container: a fake ``scontrol`` (shell ``scontrol``'s body) first on PATH."""
     fake = tmp_path / "fakebin"
     fake.mkdir()
-    (fake / "scontrol").write_text('#!/bin/sh\necho "outside: $*"; exit 3\n')
+    (fake / "scontrol").write_text(f"#!/bin/sh\n{scontrol}\n")
     (fake / "scontrol").chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    return dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+
+
+def _wait_until_serving(where: Path) -> None:
+    deadline = time.monotonic() + 20
+    while not (where / "bin" / "scontrol").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_relay_runs_slurm_commands_outside_and_only_them(tmp_path, monkeypatch):
+    where = tmp_path / "relay"
+    env = _outside_env(tmp_path, 'echo "outside: $*"; exit 3')
     relay = subprocess.Popen([sys.executable, "-m", "hpctrain._container", "relay", str(where)], env=env)
     try:
-        deadline = time.monotonic() + 20
-        while not (where / "bin" / "scontrol").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_until_serving(where)
         # the node side: no scontrol on PATH, the relay's directory in the environment -> probe puts it first
         environ = {"PATH": "/nonexistent", _container.RELAY_ENV: str(where)}
         line = _container.probe_node(environ)
@@ -214,19 +224,13 @@ def test_a_relay_whose_batch_script_ended_answers_for_its_grace_then_exits(tmp_p
     """Where Slurm tracks a job's processes by parentage (proctrack/linuxproc: the dev cluster's), its SIGKILL misses
     the relay once the batch script is gone; the relay must not live on for ever, deaf to signals."""
     where = tmp_path / "relay"
-    fake = tmp_path / "fakebin"
-    fake.mkdir()
-    (fake / "scontrol").write_text('#!/bin/sh\necho "outside: $*"\n')
-    (fake / "scontrol").chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    env = _outside_env(tmp_path, 'echo "outside: $*"')
     # the batch script: starts the relay in the background (as relay_setup writes it) and ends at once
     relay = f"{shlex.quote(sys.executable)} -m hpctrain._container relay {shlex.quote(str(where))}"
     script = f"{relay} --batch-pid $$ --orphan-grace-s 4 >/dev/null 2>&1 & echo $!"
     pid = int(subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True).stdout)
     try:
-        deadline = time.monotonic() + 20
-        while not (where / "bin" / "scontrol").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_until_serving(where)
         assert _container.ask(where, ["scontrol", "show", "job"], timeout_s=30) == 0  # still answers, orphaned
         assert not _gone(pid)
         deadline = time.monotonic() + 30

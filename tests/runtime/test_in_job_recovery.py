@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import multiprocessing as mp
 import os
-import pickle
 import signal
-import tempfile
-import traceback
 import typing as tp
-from pathlib import Path
 
 import pytest
 
 from hpctrain.errors import UsageError
+from tests.multiproc import report_to, run_roles
 
 STEPS = 10
 QUICK = {"collective_timeout_s": 20.0, "agree_timeout_s": 40.0, "dead_after_s": 1.0, "heartbeat_s": 0.1}
@@ -161,15 +157,7 @@ def _process(role, index, world_size, port, opts, out):  # pragma: no cover - ch
 
     # a process still running 30 s before the launcher gives up prints where it is (pytest shows the stderr)
     faulthandler.dump_traceback_later(opts.get("dump_after_s", 120.0), exit=False, file=sys.stderr)
-    try:
-        payload = ("ok", _train(role, index, world_size, port, opts))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        from hpctrain.runtime.preemption import is_peer_failure
-
-        payload = ("error", {"type": type(exc).__name__, "message": str(exc), "peer_failure": is_peer_failure(exc),
-                             "traceback": traceback.format_exc()})  # fmt: skip
-    Path(out).write_bytes(pickle.dumps(payload))
-    os._exit(0 if payload[0] == "ok" else 1)
+    report_to(out, lambda: _train(role, index, world_size, port, opts))
 
 
 def _launch(world_size: int, spares: int, opts: tp.Dict[str, tp.Any], timeout: float = 150.0):
@@ -178,32 +166,10 @@ def _launch(world_size: int, spares: int, opts: tp.Dict[str, tp.Any], timeout: f
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     who = [("rank", r) for r in range(world_size)] + [("spare", i) for i in range(spares)]
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="hpctrain-recovery-") as tmp:
-        procs = {
-            w: ctx.Process(target=_process, args=(w[0], w[1], world_size, store.port, opts, f"{tmp}/{w[0]}{w[1]}.pkl"))
-            for w in who
-        }
-        for p in procs.values():
-            p.start()
-        frozen = opts.get("signal") == signal.SIGSTOP
-        for w, p in procs.items():
-            if not (frozen and w == ("rank", opts.get("victim"))):
-                p.join(timeout)
-        if frozen:  # the stopped victim: every other process is done, end it as its node's failure would
-            procs[("rank", opts["victim"])].kill()
-        hung = [w for w, p in procs.items() if p.is_alive() and not (frozen and w == ("rank", opts["victim"]))]
-        for w in hung:
-            procs[w].kill()
-            procs[w].join()
-        assert not hung, f"still running after {timeout}s: {hung}"
-        results = {}
-        for w in who:
-            f = Path(tmp) / f"{w[0]}{w[1]}.pkl"
-            results[w] = pickle.loads(f.read_bytes()) if f.exists() else None
-        codes = {w: p.exitcode for w, p in procs.items()}
+    frozen = ("rank", opts["victim"]) if opts.get("signal") == signal.SIGSTOP else None
+    got = run_roles(_process, who, (world_size, store.port, opts), timeout=timeout, frozen=frozen)
     del store
-    return results, codes
+    return got
 
 
 @pytest.fixture(scope="module")

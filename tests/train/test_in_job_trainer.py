@@ -8,19 +8,15 @@ HDF5 data, so a spare opens the failed rank's own shard. Nothing here asserts a 
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import pickle
 import signal
-import tempfile
-import traceback
 import types
 import typing as tp
 from pathlib import Path
 
 import pytest
 
-from tests.multiproc import free_port
+from tests.multiproc import free_port, report_to, run_roles
 
 STEPS, KILL_AT, BATCH = 12, 7, 24
 QUICK = {"collective_timeout_s": 20.0, "agree_timeout_s": 40.0, "dead_after_s": 1.0, "heartbeat_s": 0.1}
@@ -102,48 +98,17 @@ def _process(role, index, world, master_port, store_port, run_dir, h5, opts, out
     os.environ["HPCTRAIN_RECOVERY_STORE"] = f"127.0.0.1:{store_port}"
     if role == "spare":
         os.environ["HPCTRAIN_RECOVERY_SPARE"] = str(index)
-    try:
-        payload = ("ok", _fit(role, index, world, master_port, store_port, run_dir, h5, opts))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        from hpctrain.runtime.preemption import is_peer_failure
-
-        payload = ("error", {"type": type(exc).__name__, "message": str(exc), "peer_failure": is_peer_failure(exc),
-                             "traceback": traceback.format_exc()})  # fmt: skip
-    Path(out).write_bytes(pickle.dumps(payload))
-    os._exit(0 if payload[0] == "ok" else 1)
+    report_to(out, lambda: _fit(role, index, world, master_port, store_port, run_dir, h5, opts))
 
 
 def _launch(world: int, spares: int, run_dir: Path, h5: str, opts: tp.Dict[str, tp.Any], timeout: float = 150.0):
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    master = free_port()
     who = [("rank", r) for r in range(world)] + [("spare", i) for i in range(spares)]
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="hpctrain-injob-") as tmp:
-        procs = {
-            w: ctx.Process(
-                target=_process,
-                args=(w[0], w[1], world, master, store.port, str(run_dir), h5, opts, f"{tmp}/{w[0]}{w[1]}.pkl"),
-            )
-            for w in who
-        }
-        for p in procs.values():
-            p.start()
-        for p in procs.values():
-            p.join(timeout)
-        hung = [w for w, p in procs.items() if p.is_alive()]
-        for w in hung:
-            procs[w].kill()
-            procs[w].join()
-        assert not hung, f"still running after {timeout}s: {hung}"
-        results = {}
-        for w in who:
-            f = Path(tmp) / f"{w[0]}{w[1]}.pkl"
-            results[w] = pickle.loads(f.read_bytes()) if f.exists() else None
-        codes = {w: p.exitcode for w, p in procs.items()}
+    got = run_roles(_process, who, (world, free_port(), store.port, str(run_dir), h5, opts), timeout=timeout)
     del store
-    return results, codes
+    return got
 
 
 def _final_digest(run_dir: Path) -> tp.Dict[str, str]:
