@@ -277,10 +277,11 @@ def _model_line(report: tp.Mapping[str, tp.Any]) -> str:
     inv = v("comm_inv_busbw")
     bw = f"{_fmt(1 / inv / GB, '.3g')} GB/s" if _finite(inv) and inv > 0 else "no cost (not modelled)"
     return (
-        f"model     compute {_ms(v('compute_per_step_s'))} ms/step + {_us(v('compute_per_sample_s'))} "
-        f"us/sample ({md['compute_per_sample_s']['source']}) · exposed comm {_ms(v('comm_base_s'))} ms + "
+        f"model     compute {_ms(v('compute_multi_per_step_s'))} ms/step + {_us(v('compute_multi_per_sample_s'))} "
+        f"us/sample on several ranks ({md['compute_multi_per_sample_s']['source']}; one rank: "
+        f"{_us(v('compute_per_sample_s'))} us/sample) · exposed comm {_ms(v('comm_base_s'))} ms + "
         f"{_us(v('comm_latency_s'))} us/round ({src('comm_latency_s')}) + bytes at "
-        f"{bw} ({src('comm_inv_busbw')}) · save stall "
+        f"{bw} ({src('comm_inv_busbw')}) + {_ms(v('comm_extra_s'))} ms · save stall "
         f"{_ms(v('save_stall_s'))} ms, commit {_ms(v('save_commit_s'))} ms · start-up {_dur(v('startup_s'))}, "
         f"restore {_dur(v('restore_s'))} ({md['restore_s']['source']}) · node MTBF "
         f"{_fmt(v('mtbf_node_hours'), '.0f')} h ({md['mtbf_node_hours']['source']})"

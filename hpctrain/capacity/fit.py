@@ -42,6 +42,11 @@ class Fitted:
     local_batch: Param
     compute_per_sample_s: Param
     compute_per_step_s: Param
+    """Forward and backward on one rank: ``per step + per sample x local batch``."""
+    compute_multi_per_sample_s: Param
+    compute_multi_per_step_s: Param
+    """The same on several ranks, where the all-reduce of the first buckets runs beside the backward (on a CPU it
+    shares the rank's cores; on a GPU its kernels share the SMs): a regime of its own, like optimizer and other."""
     optimizer_s: Param
     optimizer_multi_s: Param
     other_s: Param
@@ -54,6 +59,9 @@ class Fitted:
     """Per message round, times the exposed share."""
     comm_inv_busbw: Param
     """Exposed share / bus bandwidth (s per byte)."""
+    comm_extra_s: Param
+    """Per multi-rank step beyond the whole all-reduce, when the calibration showed none of it hidden (exposed share
+    >= 1): DDP's bucket bookkeeping and the wait for the slowest rank, which do not grow with the bytes."""
     overlap: Param
     grad_bytes: Param
     data_floor_s: Param
@@ -174,18 +182,30 @@ def _comm(points: tp.Sequence[Calibration], targets: Targets, grad: float, notes
         if share is None:
             share = 1.0
             notes.append("no multi-rank calibration: the all-reduce is assumed not to overlap compute")
+        extra = Param(0.0, "assumed", "some of the all-reduce was hidden: scaled by the exposed share instead")
+        if share >= 1.0 and shares:
+            # none of it hidden: the whole all-reduce shows, plus a per-step excess that does not scale with the bytes
+            # (scaling the excess with the all-reduce over-predicts larger worlds: docs/capacity.md "Validation")
+            excess = []
+            for p in use:
+                full = m.allreduce_seconds(grad, p.world_size, busbw=bw_v, latency=lat_v)
+                if full > 0:
+                    excess.append(max(0.0, p.comm_s - base.value - full))
+            extra = Param(_mean(excess) or 0.0, "measured", "exposed comm - the whole all-reduce, at calibration")
+            share = 1.0
         what = f"x the exposed share {share:.2f}"
         lat = Param(lat_v * share, src_lat if given_lat is not None else "assumed", f"{lat_v * 1e6:.3g} us {what}")
         bw_note = f"busbw {(bw_v or 0) / 1e9:.3g} GB/s {what}"
         inv = Param(share / bw_v if bw_v else 0.0, src_bw if bw_v else "assumed", bw_note)
         # share: exposed seconds per second of all-reduce
         overlap = Param(m.overlap_fraction(share, 1.0), "measured" if shares else "assumed")
-        if share > 1.2:
-            notes.append(
-                f"the measured exposed communication is {share:.1f}x the all-reduce itself at the calibration sizes "
-                "(DDP bookkeeping, stragglers or contention): kept as measured"
-            )
-        return {"comm_base_s": base, "comm_latency_s": lat, "comm_inv_busbw": inv, "overlap": overlap}
+        return {
+            "comm_base_s": base,
+            "comm_latency_s": lat,
+            "comm_inv_busbw": inv,
+            "comm_extra_s": extra,
+            "overlap": overlap,
+        }
     sizes = sorted({p.world_size for p in use})
     if len(sizes) >= 2:
         a, b = _lstsq2(
@@ -197,6 +217,7 @@ def _comm(points: tp.Sequence[Calibration], targets: Targets, grad: float, notes
             "comm_base_s": base,
             "comm_latency_s": Param(a, "fitted", f"over world sizes {sizes}"),
             "comm_inv_busbw": Param(b, "fitted", f"over world sizes {sizes}"),
+            "comm_extra_s": Param(0.0, "assumed"),
             "overlap": Param(None, "assumed", "not separable from the bandwidth without a probe"),
         }
     if len(sizes) == 1 and not grad:
@@ -206,6 +227,7 @@ def _comm(points: tp.Sequence[Calibration], targets: Targets, grad: float, notes
             "comm_base_s": base,
             "comm_latency_s": Param(lat_v, "measured", "gradient bytes unknown: all of it taken as latency"),
             "comm_inv_busbw": Param(0.0, "assumed"),
+            "comm_extra_s": Param(0.0, "assumed"),
             "overlap": Param(None, "assumed"),
         }
     if len(sizes) == 1:
@@ -220,6 +242,7 @@ def _comm(points: tp.Sequence[Calibration], targets: Targets, grad: float, notes
             "comm_base_s": base,
             "comm_latency_s": Param(0.0, "assumed"),
             "comm_inv_busbw": Param(inv_v, "measured", f"effective busbw {1 / inv_v / 1e9:.3g} GB/s" if inv_v else ""),
+            "comm_extra_s": Param(0.0, "assumed"),
             "overlap": Param(None, "assumed"),
         }
     notes.append("no multi-rank calibration and no --busbw: gradient communication is not modelled (0)")
@@ -227,7 +250,42 @@ def _comm(points: tp.Sequence[Calibration], targets: Targets, grad: float, notes
         "comm_base_s": base,
         "comm_latency_s": Param(0.0, "assumed"),
         "comm_inv_busbw": Param(0.0, "assumed"),
+        "comm_extra_s": Param(0.0, "assumed"),
         "overlap": overlap,
+    }
+
+
+def _compute_line(points: tp.Sequence[Calibration]) -> tp.Tuple[Param, Param]:
+    """``(per step, per sample)`` of one regime's points: a line over two or more local batches, else proportional
+    to the batch (the per-step part cannot be told apart from one batch: assumed 0)."""
+    c0, c1 = _line([p.local_batch for p in points], [p.compute_s for p in points])
+    if len({p.local_batch for p in points}) > 1:
+        return Param(c0, "fitted"), Param(c1, "fitted")
+    return Param(0.0, "assumed", "one local batch measured"), Param(c1, "measured")
+
+
+def _compute(points: tp.Sequence[Calibration], notes: tp.List[str]) -> tp.Dict[str, Param]:
+    """Compute per regime (one rank; several ranks, whose backward shares its cores or SMs with the all-reduce of
+    the first buckets): each fitted on its own points, the other regime's when it has none."""
+    single = [p for p in points if p.world_size == 1]
+    multi = [p for p in points if p.world_size > 1]
+    one = _compute_line(single) if single else None
+    many = _compute_line(multi) if multi else None
+    if one is None:
+        assert many is not None
+        one = tuple(Param(q.value, "assumed", "no one-rank calibration: as on several ranks") for q in many)
+    if many is None:
+        many = tuple(Param(q.value, "assumed", "no multi-rank calibration: as on one rank") for q in one)
+    elif single and len({p.local_batch for p in multi}) == 1 and len({p.local_batch for p in single}) == 1:
+        notes.append(
+            "compute is fitted per regime (one rank, several ranks), each at one local batch: taken proportional to "
+            "the batch (calibrate two multi-rank sizes, e.g. 2 and 2x2, to fit its per-step part)"
+        )
+    return {
+        "compute_per_step_s": one[0],
+        "compute_per_sample_s": one[1],
+        "compute_multi_per_step_s": many[0],
+        "compute_multi_per_sample_s": many[1],
     }
 
 
@@ -319,11 +377,7 @@ def fit(points: tp.Sequence[Calibration], targets: Targets) -> Fitted:
         gb = targets.global_batch or cal_global
         global_batch, local_batch = Param(gb, "given" if targets.global_batch else "measured"), Param(None, "measured")
 
-    # compute: per step + per sample x local batch, over the points' local batches
-    c0, c1 = _line([p.local_batch for p in points], [p.compute_s for p in points])
-    distinct = len({p.local_batch for p in points}) > 1
-    compute_step = Param(c0, "fitted" if distinct else "assumed", "" if distinct else "one local batch measured")
-    compute_sample = Param(c1, "fitted" if distinct else "measured")
+    compute = _compute(points, notes)
 
     grad = _median([p.grad_bytes for p in points])
     grad_p = Param(grad, "measured" if grad else "assumed")
@@ -395,8 +449,7 @@ def fit(points: tp.Sequence[Calibration], targets: Targets) -> Fitted:
         ranks_per_node=ranks_per_node,
         global_batch=global_batch,
         local_batch=local_batch,
-        compute_per_sample_s=compute_sample,
-        compute_per_step_s=compute_step,
+        **compute,
         **_per_regime(points, "optimizer_s"),
         **_per_regime(points, "other_s"),
         grad_bytes=grad_p,

@@ -81,11 +81,17 @@ def staging(f: Fitted, nodes: int, node_batch: float, rest_s: float, wait_s: flo
 
 def step_parts(f: Fitted, ranks: int, nodes: int, local_batch: float) -> tp.Dict[str, float]:
     """The predicted step of one rank, split into its parts (seconds)."""
-    compute = m.compute_seconds(local_batch, f.compute_per_sample_s.value or 0.0, f.compute_per_step_s.value or 0.0)
+    per_sample, per_step = (
+        (f.compute_multi_per_sample_s, f.compute_multi_per_step_s)
+        if ranks > 1
+        else (f.compute_per_sample_s, f.compute_per_step_s)
+    )
+    compute = m.compute_seconds(local_batch, per_sample.value or 0.0, per_step.value or 0.0)
     comm = f.comm_base_s.value or 0.0
     if ranks > 1:
         comm += (f.comm_latency_s.value or 0.0) * m.allreduce_latency_steps(ranks)
         comm += (f.comm_inv_busbw.value or 0.0) * m.busbw_factor(ranks) * (f.grad_bytes.value or 0.0)
+        comm += f.comm_extra_s.value or 0.0
     if ranks > 1:
         optimizer, other = f.optimizer_multi_s.value or 0.0, f.other_multi_s.value or 0.0
     else:

@@ -74,6 +74,7 @@ def test_a_prediction_with_no_step_time_says_not_measurable(tmp_path):
     zero = Param(0.0, "assumed")
     names = ("compute_per_sample_s", "compute_per_step_s", "optimizer_s", "optimizer_multi_s", "other_s")
     names += ("other_multi_s", "comm_base_s", "comm_latency_s", "comm_inv_busbw", "data_floor_s")
+    names += ("compute_multi_per_sample_s", "compute_multi_per_step_s", "comm_extra_s")
     rows = predict(dataclasses.replace(f, **dict.fromkeys(names, zero)), (1, 2))  # was: ZeroDivisionError
     assert [(r["feasible"], r["bound"]) for r in rows] == [(False, "not measurable")] * 2
     assert "no prediction can be made" in rows[0]["advice"]

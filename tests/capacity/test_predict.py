@@ -33,25 +33,28 @@ def test_calibration_reads_the_parts_and_costs(runs):
 def test_prediction_at_four_ranks_by_hand(runs):
     report = capacity_report(runs, Targets(nodes=(1, 2, 4), samples=64 * 1000, mtbf_node_hours=1.0, queue_wait_s=60))
     model = report["model"]
-    # compute = c0 + c1 b through (64, 10 ms) and (32, 6 ms): c1 = 0.125 ms/sample, c0 = 2 ms
-    assert model["compute_per_sample_s"]["value"] == pytest.approx(0.125e-3)
-    assert model["compute_per_step_s"]["value"] == pytest.approx(2e-3)
+    # compute per regime, each measured at one local batch: proportional to it. One rank: 10 ms / 64 samples;
+    # several ranks (the all-reduce beside the backward): 6 ms / 32 samples
+    assert model["compute_per_sample_s"]["value"] == pytest.approx(10e-3 / 64)
+    assert model["compute_per_step_s"]["value"] == 0.0 and model["compute_per_step_s"]["source"] == "assumed"
+    assert model["compute_multi_per_sample_s"]["value"] == pytest.approx(0.1875e-3)
+    assert any("fitted per regime" in n for n in report["notes"])
     # one multi-rank size, no gradient bytes: the 4 ms above the one-rank call are latency, 2 rounds at 2 ranks
     assert model["comm_base_s"]["value"] == pytest.approx(0.5e-3)
     assert model["comm_latency_s"]["value"] == pytest.approx(2e-3)
     row4 = report["rows"][2]
     assert row4["gpus"] == 4 and row4["local_batch"] == 16
     parts = row4["parts"]
-    assert parts["compute_s"] == pytest.approx(4e-3)  # 2 + 0.125 x 16
+    assert parts["compute_s"] == pytest.approx(3e-3)  # 0.1875 x 16
     assert parts["comm_s"] == pytest.approx(8.5e-3)  # 0.5 + 2 x 4 rounds
     assert parts["data_wait_s"] == pytest.approx(1e-3) and parts["optimizer_s"] == pytest.approx(2e-3)
-    assert row4["step_s"] == pytest.approx(15.5e-3)
+    assert row4["step_s"] == pytest.approx(14.5e-3)
     # the calibration points are reproduced
     assert report["rows"][0]["step_s"] == pytest.approx(13.5e-3) and report["rows"][1]["step_s"] == pytest.approx(
         13.5e-3
     )
-    # E(N) = thr(4) / (4 thr(1)) = (64 / 15.5) / (4 x 64 / 13.5)
-    assert row4["efficiency"] == pytest.approx(13.5 / (4 * 15.5))
+    # E(N) = thr(4) / (4 thr(1)) = (64 / 14.5) / (4 x 64 / 13.5)
+    assert row4["efficiency"] == pytest.approx(13.5 / (4 * 14.5))
     # checkpoints and failures: stall 5 ms, commit 20 ms (async: 15 ms pending), M = 1 h / 4 nodes
     ck, fl = row4["checkpoint"], row4["failures"]
     mtbf = 900.0
@@ -61,10 +64,43 @@ def test_prediction_at_four_ranks_by_hand(runs):
     restart = 60 + 10 + 0.02  # queue + start-up + restore (taken as long as a save: no restart measured)
     assert fl["restart_s"] == pytest.approx(restart)
     assert row4["ettr"] == pytest.approx(rel.ettr(ck["daly_s"], 5e-3, mtbf, restart + 0.015))
-    work = 1000 * 15.5e-3
+    work = 1000 * 14.5e-3
     assert row4["train_s"] == pytest.approx(work)
     assert row4["wall_s"] == pytest.approx(60 + 10 + work / row4["ettr"])  # one job: queue + start-up + run
     assert row4["bound"] == "start-up"  # 15 s of training behind 70 s of queue and start-up
+
+
+def test_compute_is_a_line_per_regime_when_a_regime_has_two_batches(tmp_path):
+    # several ranks at local batches 32 (2 x 1) and 16 (2 x 2): 6 ms and 4 ms, a line of 2 ms + 0.125 ms/sample;
+    # the one-rank point (64 samples, 10 ms) is a regime of its own and does not bend that line
+    w1 = make_run(tmp_path / "w1", world=1, nodes=1, global_batch=64, data_ms=1, compute_ms=10, comm_ms=0.5)
+    w2 = make_run(tmp_path / "w2", world=2, nodes=2, global_batch=64, data_ms=1, compute_ms=6, comm_ms=4.5)
+    w4 = make_run(tmp_path / "w4", world=4, nodes=2, global_batch=64, data_ms=1, compute_ms=4, comm_ms=8.5)
+    report = capacity_report([w1, w2, w4], Targets(nodes=(1, 8), gpus_per_node=1, samples=64 * 100))
+    model = report["model"]
+    assert model["compute_multi_per_step_s"]["value"] == pytest.approx(2e-3)
+    assert model["compute_multi_per_sample_s"]["value"] == pytest.approx(0.125e-3)
+    assert model["compute_multi_per_sample_s"]["source"] == "fitted"
+    one, eight = report["rows"]
+    assert one["parts"]["compute_s"] == pytest.approx(10e-3)  # the one-rank regime: 64 x 10/64 ms
+    assert eight["parts"]["compute_s"] == pytest.approx(3e-3)  # 2 + 0.125 x 8
+    assert not any("fitted per regime" in n for n in report["notes"])
+
+
+@pytest.mark.parametrize(
+    "latency_ms, extra_ms, comm4_ms",
+    [
+        # all-reduce of 2 rounds x 0.5 ms at 2 ranks, 4 ms exposed: none of it hidden, 3 ms beyond it. At 4 ranks
+        # (4 rounds): the whole all-reduce (2 ms) + the same 3 ms, not the 4x share scaled up (8 ms)
+        (0.5, 3.0, 0.5 + 2.0 + 3.0),
+        # 2 x 4 ms = 8 ms at 2 ranks, 4 ms exposed: half hidden; 4 ranks: 0.5 + 0.5 x 16 ms
+        (4.0, 0.0, 0.5 + 8.0),
+    ],
+)
+def test_exposed_comm_beyond_the_whole_all_reduce_is_a_fixed_excess(runs, latency_ms, extra_ms, comm4_ms):
+    report = capacity_report(runs, Targets(nodes=(4,), gpus_per_node=1, latency_s=latency_ms / 1e3, samples=6400))
+    assert report["model"]["comm_extra_s"]["value"] == pytest.approx(extra_ms / 1e3)
+    assert report["rows"][0]["parts"]["comm_s"] == pytest.approx(comm4_ms / 1e3)
 
 
 def test_targets_change_the_batch_policy_and_time_limit(runs):
