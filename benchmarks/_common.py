@@ -2,7 +2,8 @@
 how a whole command is timed (median of repeats: the machines are noisy, so the benchmarks print
 ratios of medians measured in the same run), a free local port for a process group, a cold page cache
 for one's own files, waiting for a Slurm job to leave the queue, and the JSON output every benchmark
-prints (and writes to ``--json PATH``), which ``benchmarks/run.py`` collects."""
+prints (and writes to ``--json PATH``), which ``benchmarks/run.py`` collects; and the dev cluster's links and
+CPU caps for the validations that need a cluster behaving like one (:class:`Shaper`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import time
 import typing as tp
 from pathlib import Path
 
-__all__ = ["ROOT", "ENV", "wall", "free_port", "evict", "wait_job", "emit"]
+__all__ = ["ROOT", "ENV", "wall", "free_port", "evict", "wait_job", "emit", "devcluster", "Shaper"]
 
 ROOT = Path(__file__).resolve().parents[1]
+DEVCLUSTER = ROOT / "tests" / "cluster" / "devcluster"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), TORCH_CPP_LOG_LEVEL="ERROR")
 
 
@@ -69,3 +71,40 @@ def emit(result: tp.Any, path: tp.Union[str, Path, None]) -> None:
     print(text)
     if path:
         Path(path).write_text(text + "\n")
+
+
+def devcluster(*args: str) -> str:
+    """Run ``tests/cluster/devcluster ARGS`` (root; it must succeed); its stdout."""
+    return subprocess.run([str(DEVCLUSTER), *args], check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+class Shaper:
+    """The dev cluster's link (``devcluster link``) and every rank's CPU cap (``devcluster cpu``) for a benchmark's
+    runs, changed only when asked for another; both lifted on exit (also on an exception). ``enabled`` False (a
+    real cluster): nothing is touched."""
+
+    def __init__(self, enabled: bool, cores_per_rank: tp.Optional[float]) -> None:
+        self.enabled, self.cores_per_rank = enabled, cores_per_rank
+        self.link: tp.Optional[str] = "unset"
+        self.capped = False
+
+    def set(self, link: tp.Optional[str]) -> None:
+        if not self.enabled:
+            return
+        if self.cores_per_rank and not self.capped:
+            devcluster("cpu", f"{self.cores_per_rank:g}")
+            self.capped = True
+        if link != self.link:
+            devcluster("link", link or "off")
+            self.link = link
+
+    def __enter__(self) -> "Shaper":
+        return self
+
+    def __exit__(self, *exc: tp.Any) -> None:
+        if self.enabled:
+            for args in (("link", "off"), ("cpu", "off")):
+                try:
+                    devcluster(*args)
+                except (subprocess.SubprocessError, OSError):
+                    pass

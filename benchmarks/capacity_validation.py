@@ -37,7 +37,6 @@ import os
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import typing as tp
@@ -46,13 +45,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, emit  # noqa: E402
+from benchmarks._common import ROOT, Shaper, emit  # noqa: E402
 from hpctrain.capacity import Targets, capacity_report, read_calibrations  # noqa: E402
 from hpctrain.capacity.cli import calibrate  # noqa: E402
 from hpctrain.capacity.fit import interconnect_from_probe  # noqa: E402
 from hpctrain.capacity.model import allreduce_seconds  # noqa: E402
 
-DEVCLUSTER = ROOT / "tests" / "cluster" / "devcluster"
 ENTRY = "hpctrain.examples.demo:main"
 PARTS = (("step", "step_s"), ("data wait", "data_wait_s"), ("compute", "compute_s"), ("comm", "comm_s"))
 PARTS += (("optimizer", "optimizer_s"), ("other", "other_s"))
@@ -85,37 +83,6 @@ CONFIGS = {
         name="compute", model_args=["--hidden", "512", "--layers", "2"], global_batch=1536, link="1gbit", steps=80
     ),
 }
-
-
-class Shaper:
-    """The dev cluster's links and CPU caps (``devcluster link`` / ``cpu``); lifted on exit."""
-
-    def __init__(self, enabled: bool, cores_per_rank: float) -> None:
-        self.enabled, self.cores_per_rank = enabled, cores_per_rank
-        self.link: tp.Optional[str] = "unset"
-        self.capped = False
-
-    def _dc(self, *args: str) -> None:
-        subprocess.run([str(DEVCLUSTER), *args], check=True, capture_output=True, text=True, timeout=60)
-
-    def set(self, link: tp.Optional[str]) -> None:
-        if not self.enabled:
-            return
-        if not self.capped:
-            self._dc("cpu", f"{self.cores_per_rank:g}")
-            self.capped = True
-        if link != self.link:
-            self._dc("link", link or "off")
-            self.link = link
-
-    def __enter__(self) -> "Shaper":
-        return self
-
-    def __exit__(self, *exc: tp.Any) -> None:
-        if self.enabled:
-            for args in (("link", "off"), ("cpu", "off")):
-                with contextlib.suppress(subprocess.SubprocessError, OSError):
-                    self._dc(*args)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,9 @@ moved back after, also on failure, Ctrl-C or SIGTERM; a cgroup left by a killed 
 
 1. Calibrate at 1 and 2 nodes with the storage unthrottled (``capacity --calibrate``'s path, all-reduce probe
    included): a node's own read rate, the compute, the communication. The demo waits ``--sleep-ms`` in each forward
-   (a GPU's compute that leaves the two CPUs free).
+   (a GPU's compute that leaves the two CPUs free). Every rank runs with ``--cores-per-rank`` cores of its own
+   (``devcluster cpu``, its loader workers included; lifted at the end), so a rank's reads, decode and all-reduce
+   do not slow when more nodes run.
 2. Measure the aggregate bandwidth ``A``: one sequential read of a cold file inside the throttled cgroup (the rate
    after its first 10 %, so the throttle's first time slice does not count).
 3. Predict the data wait at 1-4 nodes (``capacity_report`` with ``read_bw=A``, ``local_batch``), then run each
@@ -46,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, emit, evict  # noqa: E402
+from benchmarks._common import ROOT, Shaper, emit, evict  # noqa: E402
 from hpctrain.capacity import Targets, capacity_report, read_calibrations  # noqa: E402
 from hpctrain.capacity.cli import calibrate  # noqa: E402
 
@@ -378,7 +380,9 @@ def validate(ns: argparse.Namespace, echo: tp.Callable[[str], None] = print) -> 
     if len(pids) < max(nodes):
         raise SystemExit(f"input_path_validation: {len(pids)} slurmd processes found; start the dev cluster")
     started = time.time()
-    with signals_raise(), Storage(Path(ns.image), Path(ns.mnt), size_mb) as storage:
+    shaper = Shaper(bool(ns.cores_per_rank), ns.cores_per_rank or None)
+    with signals_raise(), shaper, Storage(Path(ns.image), Path(ns.mnt), size_mb) as storage:
+        shaper.set(None)  # every rank (and its loader workers) its own cores; the links stay unshaped
         data = Path(ns.mnt) / "data.h5"
         make_data(data, samples)
         with Throttle(storage.dev, pids) as throttle:
@@ -498,6 +502,7 @@ def _result(
         "seconds": seconds,
         "aggregate_bps": agg,
         "throttle_bps": ns.read_mbps * 1e6,
+        "cores_per_rank": ns.cores_per_rank or None,
         "model": {k: model[k] for k in ("bytes_per_sample", "node_read_rate", "read_bw", "data_floor_s") if k in model},
         "summary": summary,
         "rows": rows,
@@ -526,6 +531,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", default="1,2", help="node counts of the calibration runs (unthrottled)")
     p.add_argument("--measure", default="", help="node counts to run throttled (default: --nodes)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--cores-per-rank",
+        type=float,
+        default=0.45,
+        help="devcluster cpu: cores of each rank's own, its loader workers included (0: uncapped, the ranks share "
+        "the machine)",
+    )
     p.add_argument("--submit-args", default="--cluster slurm --cpus-per-task 1 --time 10")
     p.add_argument("--json", help="also write the JSON here")
     return p

@@ -80,10 +80,12 @@ class Calibration:
     """The step less its parts (medians over ranks do not add up exactly)."""
     samples_per_s: float
     data_wait_slowest_s: tp.Optional[float] = None
-    """The slowest rank's data wait (the max over ranks, then the median over intervals): what a synchronous step
-    waited for input. With one rank per node and storage the bound, every step waits for the last rank's batch:
-    that rank's wait is the step's, the others spend the same time in the gradient all-reduce (exposed
-    communication), so the median rank's ``data_wait_s`` shows only part of it (docs/capacity.md)."""
+    """What a synchronous step waited for input: each step's maximum over ranks, meaned over the interval
+    (``data_wait_step_max_s``), then the median over intervals; records without it: the slowest rank's per-step
+    mean (a lower bound: the late rank changes from step to step). With storage the bound, every step waits for
+    the last rank's batch: that rank's wait is the step's, the others spend the same time in the gradient
+    all-reduce (exposed communication), so the median rank's ``data_wait_s`` shows only part of it
+    (docs/capacity.md)."""
     flops_per_sample: tp.Optional[float] = None
     save_stall_s: tp.Optional[float] = None
     """What a periodic save blocked the step for (async: the copy to host memory)."""
@@ -132,6 +134,14 @@ def _median(values: tp.Sequence[float]) -> tp.Optional[float]:
 def _part(rec: tp.Mapping[str, tp.Any], name: str, stat: str = "median") -> tp.Optional[float]:
     got = ((rec.get("per_step") or {}).get(name) or {}).get(stat)
     return float(got) if isinstance(got, (int, float)) else None
+
+
+def _slowest_wait(recs: tp.Sequence[tp.Mapping[str, tp.Any]]) -> tp.Optional[float]:
+    """``Calibration.data_wait_slowest_s``: the step's wait (per-step max over ranks) where the records carry it."""
+    step_max = [r.get("data_wait_step_max_s") for r in recs]
+    if any(isinstance(v, (int, float)) for v in step_max):
+        return _median([float(v) for v in step_max if isinstance(v, (int, float))])
+    return _median([_part(r, "data_wait_s", "max") for r in recs])
 
 
 def _intervals(records: tp.List[tp.Dict[str, tp.Any]], notes: tp.List[str]) -> tp.List[tp.Dict[str, tp.Any]]:
@@ -454,7 +464,7 @@ def read_calibrations(run_dir: tp.Union[str, "os.PathLike[str]"]) -> tp.List[Cal
             optimizer_s=parts["optimizer_s"],
             other_s=max(0.0, step - known),
             samples_per_s=_median([r.get("samples_per_s") for r in recs]) or 0.0,
-            data_wait_slowest_s=_median([_part(r, "data_wait_s", "max") for r in recs]),
+            data_wait_slowest_s=_slowest_wait(recs),
             flops_per_sample=flops,
             save_stall_s=_stall_per_save(recs, every_steps),
             save_commit_s=_median([e.get("last_save_s") for e in ends if e.get("last_save_s")]),

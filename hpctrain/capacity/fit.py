@@ -386,7 +386,8 @@ def fit(points: tp.Sequence[Calibration], targets: Targets) -> Fitted:
     comm = _comm(points, targets, float(grad or 0.0), notes)
 
     # data: a loader-bound point measures the loader's rate; the others the hand-over floor
-    bound = [p for p in points if p.step_s and p.data_wait_s > LOADER_BOUND * p.step_s]
+    # the step's wait (the late rank's, per step) says whether it waited for data; the median rank may not have
+    bound = [p for p in points if p.step_s and (p.data_wait_slowest_s or p.data_wait_s) > LOADER_BOUND * p.step_s]
     free = [p for p in points if p not in bound]
     rate = _median(
         [p.local_batch / (p.data_wait_s + p.compute_s + p.comm_s + p.optimizer_s + p.other_s) for p in bound]

@@ -295,6 +295,7 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "per_step": Record({k: STATS for k in PER_STEP_PARTS}),
         "slowest_rank": RANK,
         "data_wait_frac": Num(0, 1),
+        "data_wait_step_max_s": SECONDS,  # each step's max over ranks, meaned: what the synchronous step waited
         "last_checkpoint_step": STEP,
         # per-rank memory (hpctrain.train.memory; null: not measured here, e.g. device peaks on CPU)
         "memory": Record({k: STATS for k in MEMORY_PARTS}),

@@ -88,6 +88,8 @@ class StepTimer:
         self._comm_ev: tp.List[tp.Tuple[tp.Any, tp.Any]] = []  # CUDA: their (begin, end) events
         self._pending: tp.List[tp.List[tp.Tuple[int, tp.Any]]] = []  # CUDA: events of steps not yet resolved
         self._marks: tp.List[tp.Tuple[int, tp.Any]] = []
+        self._data_waits: tp.List[float] = []  # each step's data wait, until take_data_waits
+        self._wait_at_start = 0.0
         self.on_mark: tp.Optional[tp.Callable[[str], None]] = None
         """Called with each mark's phase (and ``grad_comm`` at the last bucket's launch): the hang watchdog's
         progress (:func:`hpctrain.runtime.watchdog.follow_timer`). Called even when timing is off."""
@@ -109,6 +111,7 @@ class StepTimer:
             self._marks = [(-1, self._now())]
         else:
             self._t0 = self._last = time.perf_counter()
+            self._wait_at_start = self.sums[_P["data_wait"]]
 
     def mark(self, phase: str) -> None:
         """Charge the time since the previous mark (or ``start``) to ``phase`` (one of :data:`PHASES`)."""
@@ -172,6 +175,7 @@ class StepTimer:
             self._marks = []
         else:
             self.step_s += time.perf_counter() - self._t0
+            self._data_waits.append(self.sums[_P["data_wait"]] - self._wait_at_start)
 
     def _resolve(self) -> None:
         """CUDA: wait for the last recorded event, then turn event pairs into seconds."""
@@ -180,6 +184,7 @@ class StepTimer:
         self._pending[-1][-1][1].synchronize()
         for marks in self._pending:
             first = prev = marks[0][1]
+            wait = 0.0
             k = 1
             while k < len(marks):
                 i, ev = marks[k]
@@ -194,9 +199,12 @@ class StepTimer:
                     seg -= exposed
                     k += 1
                 self.sums[i] += seg
+                if i == _P["data_wait"]:
+                    wait += seg
                 prev = ev
                 k += 1
             self.step_s += first.elapsed_time(prev) / 1e3
+            self._data_waits.append(wait)
         self._pending.clear()
 
     def take(self) -> tp.Tuple[int, float, tp.List[float]]:
@@ -205,6 +213,12 @@ class StepTimer:
             self._resolve()
         out = (self.steps, self.step_s, list(self.sums))
         self.steps, self.step_s, self.sums = 0, 0.0, [0.0] * len(PHASES)
+        return out
+
+    def take_data_waits(self) -> tp.List[float]:
+        """Each step's data wait (seconds) since the last call, in order; resets them (call after :meth:`take`,
+        which resolves a CUDA timer's events)."""
+        out, self._data_waits = self._data_waits, []
         return out
 
 
@@ -366,6 +380,7 @@ class MetricsRecorder:
         self.last_step = step
         self._interval_start = time.perf_counter()
         self.timer.take()
+        self.timer.take_data_waits()
 
     def due(self, step: int) -> bool:
         return step % self.log_every == 0 or step >= self.total_steps
@@ -377,6 +392,7 @@ class MetricsRecorder:
         """Gather every rank's interval (one collective), build the record, write it (rank 0), reset."""
         wall = time.perf_counter() - self._interval_start
         steps, step_s, sums = self.timer.take()
+        waits = self.timer.take_data_waits()
         loss_sum = float(self._loss_sum.item()) if self._loss_sum is not None else 0.0
         flops = (self.flops_per_sample or 0.0) * self._samples
         mem = self.memory.read()
@@ -384,6 +400,8 @@ class MetricsRecorder:
         mine += [float(stop), float(save)]
         rows = self._gather(mine)
         record = self._record(step, rows, self._loss_steps, extra)
+        if self.timer.enabled:
+            record["data_wait_step_max_s"] = self._step_max_wait(waits)
         self._loss_sum, self._loss_steps, self._samples = None, 0, 0
         self._interval_start = time.perf_counter()
         self.last_step, self.last = step, record
@@ -396,13 +414,26 @@ class MetricsRecorder:
             return [mine]
         # NCCL only moves device tensors; gloo wants CPU ones
         dev = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        n = len(mine)
         t = torch.tensor(mine, dtype=torch.float64, device=dev)
-        out = torch.empty(self.world_size * _N, dtype=torch.float64, device=dev)
+        out = torch.empty(self.world_size * n, dtype=torch.float64, device=dev)
         from hpctrain.runtime.process_group import all_gather_into_tensor
 
         all_gather_into_tensor()(out, t)
         flat = out.tolist()
-        return [flat[r * _N : (r + 1) * _N] for r in range(self.world_size)]
+        return [flat[r * n : (r + 1) * n] for r in range(self.world_size)]
+
+    def _step_max_wait(self, waits: tp.Sequence[float]) -> tp.Optional[float]:
+        """The data wait of the interval's steps as the step saw it: per step the maximum over ranks (a synchronous
+        step waits for the last rank's batch; that rank is not the same in every step), then the mean over steps.
+        One more all-gather per interval, of ``log_every + 1`` floats per rank (every rank pads to that length)."""
+        width = max(1, self.log_every)
+        mine = list(waits[-width:])
+        rows = self._gather([float(len(mine)), *mine, *([0.0] * (width - len(mine)))])
+        steps = int(min(r[0] for r in rows))
+        if steps <= 0:
+            return None
+        return sum(max(r[1 + k] for r in rows) for k in range(steps)) / steps
 
     def _record(
         self, step: int, rows: tp.List[tp.List[float]], loss_steps: int, extra: tp.Optional[tp.Mapping[str, tp.Any]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hpctrain import reliability as rel
@@ -139,3 +141,18 @@ def test_a_loader_bound_calibration_measures_the_loader_rate(tmp_path):
     # twice the batch: the loader needs 35 ms, the rest of the step 10 x 2 + 0.5 + 2 = 22.5 ms: 12.5 ms wait
     assert row["parts"]["data_wait_s"] == pytest.approx(12.5e-3) and row["bound"] == "storage"
     assert row["advice"].startswith("data wait reaches 36% of the step at 1 node: stage to node-local storage")
+
+
+def test_the_steps_data_wait_comes_from_the_per_step_maximum_when_recorded(tmp_path):
+    run = make_run(tmp_path / "w2", world=2, nodes=2, global_batch=64, data_ms=1, compute_ms=6, comm_ms=4.5)
+    (old,) = read_calibrations(run)
+    assert old.data_wait_slowest_s == pytest.approx(1e-3)  # no per-step maximum: the slowest rank's mean
+    metrics = run / "train" / "metrics.jsonl"
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for i, rec in enumerate(recs):
+        if rec.get("kind") == "interval":
+            rec["data_wait_step_max_s"] = 3e-3 + i * 1e-4
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (new,) = read_calibrations(run)
+    assert new.data_wait_slowest_s == pytest.approx(3.3e-3)  # the median of intervals 2..6 (the first left out)
+    assert new.data_wait_s == pytest.approx(1e-3)  # the step's parts keep the median rank's

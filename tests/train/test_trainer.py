@@ -235,3 +235,31 @@ def test_what_the_trainer_cannot_do_is_one_clear_error(tmp_path):
     with pytest.raises(UsageError, match="must be a TrainConfig"):
         Trainer(ctx, config={"steps": 1}, data=lambda s: iter(()), **common)
     assert json.dumps(TrainConfig(steps=3).to_dict())  # the ledger stores it
+
+
+def _late_rank_alternates(rank, world):
+    import time
+
+    import torch
+
+    from hpctrain.train.metrics import MetricsRecorder
+
+    rec = MetricsRecorder(rank=rank, world_size=world, device="cpu", run_dir=None, total_steps=4, log_every=4)
+    rec.start_interval(0)
+    for step in range(1, 5):
+        rec.timer.start()
+        time.sleep(0.06 if step % 2 == rank else 0.0)  # rank 1 waits for its batch on odd steps, rank 0 on even
+        rec.timer.mark("data_wait")
+        rec.timer.mark("forward_backward")
+        rec.step_done(torch.tensor(1.0), samples=1)
+    record = rec.flush(4).record
+    rec.close()
+    return record["data_wait_step_max_s"], record["per_step"]["data_wait_s"]["max"]
+
+
+def test_the_steps_data_wait_is_the_late_ranks_in_each_step():
+    # every step waited 60 ms for one rank's batch, a different rank each step: each rank's own mean is 30 ms, so
+    # the slowest rank's mean halves the step's wait; the per-step maximum over ranks does not
+    for step_max, slowest_mean in run_world(_late_rank_alternates, 2).results:
+        assert 0.058 <= step_max < 0.075, step_max
+        assert 0.028 <= slowest_mean < 0.04, slowest_mean
