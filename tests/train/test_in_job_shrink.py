@@ -11,6 +11,7 @@ float sums run in another order, see docs/preemption.md, "At a smaller world"). 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import types
@@ -167,22 +168,27 @@ def reference(h5, tmp_path_factory) -> tp.Dict[int, tp.Dict[str, tp.Any]]:
     return _per_step(results)
 
 
+@pytest.mark.parametrize("victim", [2, 0])  # rank 0 too: old rank 1 is then rank 0 and writes the metrics
 def test_no_spare_left_the_survivors_finish_at_the_smaller_world_with_the_same_samples_and_loss(
-    tmp_path, h5, reference, capfd
+    victim, tmp_path, h5, reference, capfd
 ):
     from hpctrain.ckpt import latest_committed
     from hpctrain.ledger import Ledger
+    from hpctrain.rundir import RunDir
 
-    opts = {"recovery": True, "victim": 2, "kill_at": KILL_AT}
+    opts = {"recovery": True, "victim": victim, "kill_at": KILL_AT}
     results, codes = _launch(3, tmp_path, h5, opts)
-    assert codes.pop(("rank", 2)) == -signal.SIGKILL
+    assert codes.pop(("rank", victim)) == -signal.SIGKILL
     assert set(codes.values()) == {0}, results
-    for r in (0, 1):
+    survivors = [r for r in range(3) if r != victim]
+    for r in survivors:
         assert results[("rank", r)][1]["step"] == STEPS  # every step, each survivor
     got = _per_step(results)
     assert sorted(got) == list(range(1, STEPS + 1))
-    for step in range(1, KILL_AT):  # before the failure: the same world, its two survivors' parts bit-exact
-        assert got[step]["world"] == {3} and got[step]["ids"] == reference[step]["ids"][: 2 * BATCH // 3]
+    local = BATCH // 3
+    for step in range(1, KILL_AT):  # before the failure: the same world, its two survivors' parts
+        mine = [i for r in survivors for i in reference[step]["ids"][r * local : (r + 1) * local]]
+        assert got[step]["world"] == {3} and got[step]["ids"] == mine
     worst = 0.0
     for step in range(KILL_AT, STEPS + 1):  # after it: a world of 2, the whole global batch, in the same order
         assert got[step]["world"] == {2} and got[step]["ranks"] == [0, 1]
@@ -193,11 +199,17 @@ def test_no_spare_left_the_survivors_finish_at_the_smaller_world_with_the_same_s
     print(f"max relative loss difference after the failure: {worst:.3g}")
 
     (record,) = Ledger(tmp_path).records("in_job_recovery")
-    assert record["fallback"] is None and record["failed_ranks"] == [2] and record["agreed_step"] == KILL_AT - 1
-    assert record["elastic"] == {"world_size_was": 3, "world_size": 2, "dropped": [2], "ranks": {"0": 0, "1": 1}}
+    assert record["fallback"] is None and record["failed_ranks"] == [victim] and record["agreed_step"] == KILL_AT - 1
+    ranks = {str(old): new for new, old in enumerate(survivors)}
+    assert record["elastic"] == {"world_size_was": 3, "world_size": 2, "dropped": [victim], "ranks": ranks}
     assert record["world_size"] == 2 and record["replaced"] == [] and record["failure_to_first_step_s"] > 0
-    (end,) = Ledger(tmp_path).records("end")
-    assert (end["status"], end["step"], end["committed_step"]) == ("completed", STEPS, STEPS)
+    if victim != 0:  # the attempt's start was written by the process that died: its end is the Runner's (rank 0)
+        (end,) = Ledger(tmp_path).records("end")
+        assert (end["status"], end["step"], end["committed_step"]) == ("completed", STEPS, STEPS)
+    # the loss curve continues: rank 0 (the new one when rank 0 died) writes every interval, at the new size
+    lines = [json.loads(x) for x in RunDir(tmp_path).metrics.read_text().splitlines()]
+    intervals = [(x["step"], x["world_size"]) for x in lines if x.get("kind") == "interval"]
+    assert intervals == [(4, 3), (8, 2), (12, 2)], intervals
     assert latest_committed(tmp_path / "checkpoints").world_size == 2  # the final commit: by the 2 survivors
     err = capfd.readouterr().err
     assert "continuing at a world of 2 (was 3) after step 6, the global batch of 24 split 12 a rank" in err
