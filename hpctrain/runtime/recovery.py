@@ -29,7 +29,8 @@ at ``n`` ranks?) is asked by the plan's author, ``on_world(rank, world_size)`` o
 What it does not handle falls back, with one line saying why, to the existing path: the rank raises
 :class:`~hpctrain.errors.InJobRecoveryFallback` from the peer failure, so it ends as any rank whose peer died
 (the Runner's end, the spare-node loop or the requeue, restart from the last commit). That is: no ready spare
-left, a failure during the recovery itself, ``max_recoveries`` used, a rank that was declared dead but lives.
+left (without ``shrink``, or ``can_shrink`` said no), a failure during the recovery itself, ``max_recoveries``
+used, a rank that was declared dead but lives.
 
 GPU (NCCL): leaving the group aborts the communicators first (``_abort_process_group``: a NCCL kernel waiting
 for a dead peer would otherwise never return, and a destroy would wait for it); the CUDA context, the model on

@@ -25,8 +25,9 @@ What the Trainer does with it, on every rank (docs/preemption.md, "In-job recove
   world's (up to the float sums' order: :mod:`hpctrain.runtime.shrink`).
 
 Anything the path cannot handle falls back with one line (:class:`~hpctrain.errors.InJobRecoveryFallback`, a peer
-failure to the Runner): no spare left, a second failure, a failure outside the step loop (restore, the final
-save). Under fsdp/hsdp the state is sharded, not replicated: recovery is off, said in one line.
+failure to the Runner): no spare left (without shrink, or a smaller world that cannot take the run), a second
+failure, a failure outside the step loop (restore, the final save). Under fsdp/hsdp the state is sharded, not
+replicated: recovery is off, said in one line.
 """
 
 from __future__ import annotations
