@@ -293,3 +293,22 @@ def test_the_plan_at_a_smaller_world_renumbers_or_falls_back_naming_why():
     assert plan["fallback"] is None and plan["members"] == {"0": "r0", "1": "r2"}
     assert plan["agreed_step"] == 6 and plan["source_rank"] == 1  # old rank 2, the one at the agreed step
     assert plan["elastic"]["ranks"] == {"0": 0, "2": 1} and plan["failed_at"] == 0.5
+
+
+def test_the_runner_ends_a_renumbered_rank_as_its_new_rank(monkeypatch):
+    import dataclasses
+
+    from hpctrain.launch.runner import _renumbered
+    from hpctrain.runtime import recovery_config
+
+    @dataclasses.dataclass
+    class Env:
+        rank: int
+        world_size: int
+
+    monkeypatch.setattr(recovery_config, "_TAKEN", [])
+    assert _renumbered(Env(2, 3)) == Env(2, 3)  # nothing taken: its own rank
+    recovery_config.took_rank(1)  # a warm spare's (its world is the training world's): not a renumbering
+    assert _renumbered(Env(2, 3)) == Env(2, 3)
+    recovery_config.took_rank(1, 2)  # a survivor renumbered at a smaller world
+    assert _renumbered(Env(2, 3)) == Env(1, 2)
