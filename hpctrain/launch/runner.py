@@ -63,6 +63,17 @@ _OLD_ATTRIBUTES = {
 }
 
 
+def _renumbered(env: tp.Any) -> tp.Any:
+    """``env`` as the rank this training process ends as: its own, or its new one when in-job recovery continued
+    at a smaller world (RecoveryConfig.shrink: as rank 0 it then records the attempt's end)."""
+    from hpctrain.runtime.recovery_config import taken_rank, taken_world_size
+
+    rank, world = taken_rank(), taken_world_size()
+    if rank is None or world is None:
+        return env
+    return dataclasses.replace(env, rank=rank, world_size=world)
+
+
 class Runner:
     """The job body: ``Runner(entry=..., run_dir=..., settings=RunnerSettings(...))()`` on every task.
 
@@ -187,7 +198,7 @@ class Runner:
             stop = (decision.signum, signals.first[1] if signals.first else time.time())
             print(f"hpctrain: rank {env.rank} stopped at agreed step {decision.step}", flush=True)
         try:
-            end = self._finish(env, started, stop, decision.step if decision is not None else None, error)
+            end = self._finish(_renumbered(env), started, stop, decision.step if decision is not None else None, error)
         except Exception as exc:  # deciding must never hide the entry's own error
             print(f"hpctrain: could not decide how the attempt ended: {type(exc).__name__}: {exc}", flush=True)
             end = None

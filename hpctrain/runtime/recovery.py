@@ -21,10 +21,16 @@ A **warm spare** is a process started with the job that imported torch and built
 waits on its assignment key (:meth:`InJobRecovery.stand_by`); the plan's author writes it, the spare takes the
 rank number, builds that rank's loader shard (``on_rank``) and joins step 3 like a survivor.
 
+**No spare left** and ``RecoveryConfig.shrink``: the dead ranks are dropped and the survivors continue at the
+smaller world, renumbered (:mod:`hpctrain.runtime.shrink`); ``can_shrink(n)`` (the caller's: can the run go on
+at ``n`` ranks?) is asked by the plan's author, ``on_world(rank, world_size)`` on every member before it joins
+(the caller re-splits its data there), and the record carries ``elastic``.
+
 What it does not handle falls back, with one line saying why, to the existing path: the rank raises
 :class:`~hpctrain.errors.InJobRecoveryFallback` from the peer failure, so it ends as any rank whose peer died
 (the Runner's end, the spare-node loop or the requeue, restart from the last commit). That is: no ready spare
-left, a failure during the recovery itself, ``max_recoveries`` used, a rank that was declared dead but lives.
+left (without ``shrink``, or ``can_shrink`` said no), a failure during the recovery itself, ``max_recoveries``
+used, a rank that was declared dead but lives.
 
 GPU (NCCL): leaving the group aborts the communicators first (``_abort_process_group``: a NCCL kernel waiting
 for a dead peer would otherwise never return, and a destroy would wait for it); the CUDA context, the model on
@@ -53,6 +59,7 @@ from hpctrain.errors import InJobRecoveryFallback
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.preemption import is_peer_failure
 from hpctrain.runtime.recovery_config import RecoveryConfig
+from hpctrain.runtime.shrink import renumbered, smaller_world
 from hpctrain.runtime.state_transfer import ReplicatedState, broadcast_state
 
 __all__ = ["RecoveryConfig", "InJobRecovery", "Recovered", "RECORD_EVENT"]
@@ -71,8 +78,9 @@ class Recovered:
     step: int
     """The agreed step: training continues with step ``step + 1``."""
     rank: int
-    """This process's rank in the new generation (a survivor keeps its own)."""
+    """This process's rank in the new generation (a survivor keeps its own, unless the world shrank)."""
     generation: int
+    world_size: int
     plan: tp.Dict[str, tp.Any] = field(repr=False)
 
 
@@ -150,8 +158,10 @@ class InJobRecovery:
 
     ``on_group(generation)``: called right after each generation's default group is formed, before its gloo
     sockets are recorded: the caller's own subgroups of that generation (the stop agreement's) made there are
-    half-closed with it when a survivor leaves. A caller that must build on the group before the state exists
-    (the Trainer wraps DDP on it) calls :meth:`connect` first and sets :attr:`state` before :meth:`start`."""
+    half-closed with it when a survivor leaves. ``can_shrink``/``on_world``: the smaller world's two hooks (see
+    the module docstring; without ``can_shrink`` any world of at least one rank may go on). A caller that must
+    build on the group before the state exists (the Trainer wraps DDP on it) calls :meth:`connect` first and
+    sets :attr:`state` before :meth:`start`."""
 
     def __init__(
         self,
@@ -169,6 +179,8 @@ class InJobRecovery:
         job_id: tp.Optional[str] = None,
         restart_count: int = 0,
         on_group: tp.Optional[tp.Callable[[int], None]] = None,
+        can_shrink: tp.Optional[tp.Callable[[int], tp.Optional[str]]] = None,
+        on_world: tp.Optional[tp.Callable[[int, int], None]] = None,
     ) -> None:
         if (rank is None) == (spare is None):
             raise ValueError("InJobRecovery: give exactly one of rank= (a training rank) and spare= (a warm spare)")
@@ -188,6 +200,7 @@ class InJobRecovery:
         self._pending: tp.Optional[tp.Dict[str, tp.Any]] = None
         self._pairs: tp.Dict[int, int] = {}
         self._on_group, self._connected = on_group, False
+        self._can_shrink, self._on_world = can_shrink, on_world
         self._heartbeat = _Heartbeat(host, port, self.uid, config.heartbeat_s)
 
     # ---------------------------------------------------------------------------------- training ranks
@@ -263,7 +276,7 @@ class InJobRecovery:
         agreed = time.time()
         if plan.get("fallback"):
             raise self._fallback(error, plan["fallback"], plan=plan)
-        if str(self.rank) not in plan["members"]:
+        if self.uid not in plan["members"].values():
             raise self._fallback(error, f"this rank ({self.rank}) was declared dead by the agreement")
         times = {"detected_at": detected, "aborted_at": aborted, "agreed_at": agreed}
         return self._join(plan, error, times)
@@ -440,11 +453,27 @@ class InJobRecovery:
             "fallback": None,
         }
         if len(dead) > len(ready):
+            left = sorted(dead)[len(ready) :]
             plan["fallback"] = (
-                f"no warm spare left for rank(s) {sorted(dead)[len(ready) :]} ({self.config.spares} configured, "
-                f"{len(self.spares_used)} used)"
+                f"no warm spare left for rank(s) {left} ({self.config.spares} configured, {len(self.spares_used)} used)"
             )
+            if self.config.shrink:
+                self._shrink(plan, {int(r): uid for r, uid in members.items()}, left)
         return plan
+
+    def _shrink(self, plan: tp.Dict[str, tp.Any], members: tp.Mapping[int, str], dropped: tp.List[int]) -> None:
+        """The plan at the smaller world (RecoveryConfig.shrink): renumbered members, source and spares' ranks; or
+        its fallback saying why the run cannot go on at that size."""
+        elastic = smaller_world(members, dropped)
+        n = elastic["world_size"]
+        why = self._can_shrink(n) if self._can_shrink is not None else None
+        if why:
+            plan["fallback"] += f"; the smaller world of {n} rank(s) cannot take the run: {why}"
+            return
+        plan["members"] = {str(renumbered(elastic, r)): uid for r, uid in members.items()}
+        plan["source_rank"] = renumbered(elastic, plan["source_rank"])
+        plan["replaced"] = [{**x, "rank": renumbered(elastic, x["rank"])} for x in plan["replaced"]]
+        plan["elastic"], plan["fallback"] = elastic, None
 
     def _assign(self, plan: tp.Mapping[str, tp.Any]) -> None:
         """The plan's author hands each replaced rank to its spare (the spare waits on this key)."""
@@ -461,7 +490,13 @@ class InJobRecovery:
         g = int(plan["generation"])
         self.members = {int(r): uid for r, uid in plan["members"].items()}
         self.spares_used = list(plan["spares_used"])
+        elastic = plan.get("elastic")
         try:
+            if elastic:  # the smaller world: this process's new rank, and the caller's data split over it
+                self.rank = next(r for r, uid in self.members.items() if uid == self.uid)
+                self.world_size = len(self.members)
+                if self._on_world is not None:
+                    self._on_world(self.rank, self.world_size)
             self._form_group(g)
             formed = time.time()
             source = int(plan["source_rank"])
@@ -474,7 +509,8 @@ class InJobRecovery:
             if dist.is_initialized():
                 self._leave_group()
             first = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            reason = f"a second failure during the recovery ({first})"
+            during = "the recovery at the smaller world" if elastic else "the recovery"
+            reason = f"a second failure during {during} ({first})"
             if self.rank == min(self.members):
                 self._append({"event": RECORD_EVENT, "time": time.time(), **self._ids(), **plan, "fallback": reason})
             # not `from exc`: the cause stays the first peer failure, which is how the Runner's end classifies it
@@ -495,6 +531,7 @@ class InJobRecovery:
             "source_rank": plan["source_rank"],
             "replaced": plan["replaced"],
             "world_size": self.world_size,
+            "elastic": elastic,
             "spares_left": self.config.spares - len(self.spares_used),
             "failed_at": failed_at,
             "fallback": None,
@@ -507,7 +544,7 @@ class InJobRecovery:
             },
             "_t_transferred": transferred,
         }
-        return Recovered(step=self.step, rank=self.rank, generation=g, plan=dict(plan))
+        return Recovered(step=self.step, rank=self.rank, generation=g, world_size=self.world_size, plan=dict(plan))
 
     # ---------------------------------------------------------------------------------- records
     def _ids(self) -> tp.Dict[str, tp.Any]:

@@ -20,6 +20,7 @@ __all__ = [
     "spare_from_environ",
     "took_rank",
     "taken_rank",
+    "taken_world_size",
 ]
 
 STORE_ENV = "HPCTRAIN_RECOVERY_STORE"
@@ -36,14 +37,21 @@ WORLD_ENV = "HPCTRAIN_RECOVERY_WORLD"
 _TAKEN: tp.List[int] = []
 
 
-def took_rank(rank: int) -> None:
-    """A warm spare of this process took ``rank`` (the Trainer calls it): the Runner then ends it as that rank."""
-    _TAKEN[:] = [int(rank)]
+def took_rank(rank: int, world_size: tp.Optional[int] = None) -> None:
+    """This process took ``rank`` (the Trainer calls it): a warm spare that took a failed rank's place, or a
+    survivor renumbered in a smaller world (``world_size``, RecoveryConfig.shrink). The Runner then ends it as
+    that rank."""
+    _TAKEN[:] = [int(rank)] + ([int(world_size)] if world_size is not None else [])
 
 
 def taken_rank() -> tp.Optional[int]:
-    """The rank this process's warm spare took, or None (not a spare, or not needed)."""
+    """The rank this process took, or None (not a spare or a renumbered survivor)."""
     return _TAKEN[0] if _TAKEN else None
+
+
+def taken_world_size() -> tp.Optional[int]:
+    """The smaller world's size that :func:`took_rank` was told, or None (the world did not change)."""
+    return _TAKEN[1] if len(_TAKEN) > 1 else None
 
 
 def spare_from_environ(environ: tp.Optional[tp.Mapping[str, str]] = None) -> tp.Optional[int]:
@@ -69,6 +77,11 @@ class RecoveryConfig:
     """Recover in the job; False: every peer failure ends the rank as before (the restart from the last commit)."""
     spares: int = 0
     """Warm spare processes started with the job, each standing by to take one failed rank's place."""
+    shrink: bool = False
+    """No warm spare left for a failed rank: continue at the smaller world (the survivors renumbered 0..W'-1,
+    the same global batch split over them, the same sample order) instead of falling back to the restart from
+    the last commit; recorded as an elastic step (``in_job_recovery`` with ``elastic``). The next attempt (a
+    requeue) starts at the full size again. Needs a global batch that the smaller world divides."""
     max_recoveries: int = 3
     """In-job recoveries at most in one attempt; the next failure falls back to the restart from the last commit."""
     collective_timeout_s: float = 60.0
@@ -88,6 +101,7 @@ class RecoveryConfig:
     def __post_init__(self) -> None:
         check_bool(self, "enabled", self.enabled)
         check_int(self, "spares", self.spares, min=0)
+        check_bool(self, "shrink", self.shrink)
         check_int(self, "max_recoveries", self.max_recoveries, min=0)
         for name in ("collective_timeout_s", "heartbeat_s", "dead_after_s", "abort_timeout_s", "agree_timeout_s"):
             check_number(self, name, getattr(self, name), above=0)

@@ -2,7 +2,8 @@
 
 From the ledger (sanitised by :mod:`hpctrain.status.report`): ``exit`` records with ``failed_nodes`` or an
 exclusion (:mod:`hpctrain.launch.exclusion`), ``in_job_restart`` records (:mod:`hpctrain.launch.spares`) and
-``in_job_recovery`` records (:mod:`hpctrain.runtime.recovery`: a rank replaced by a warm spare, or the fallback).
+``in_job_recovery`` records (:mod:`hpctrain.runtime.recovery`: a rank replaced by a warm spare, the run gone on at
+a smaller world, or the fallback).
 """
 
 from __future__ import annotations
@@ -87,8 +88,20 @@ def _ints(value: tp.Any) -> tp.List[int]:
     return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
 
 
+def _elastic(value: tp.Any) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """A record's ``elastic`` (the smaller world, RecoveryConfig.shrink) as status shows it; None: not one (or
+    damaged: the line then says no more than the failed ranks)."""
+    if not isinstance(value, dict):
+        return None
+    sizes = [value.get("world_size_was"), value.get("world_size")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+        return None
+    return {"world_size_was": sizes[0], "world_size": sizes[1], "dropped": _ints(value.get("dropped"))}
+
+
 def _recovery(r: tp.Mapping[str, tp.Any]) -> tp.Dict[str, tp.Any]:
-    """One ``in_job_recovery`` record as status shows it: who was replaced by which spare, or why it fell back."""
+    """One ``in_job_recovery`` record as status shows it: who was replaced by which spare, the smaller world the
+    run went on at, or why it fell back."""
     replaced = r.get("replaced") if isinstance(r.get("replaced"), list) else []
     pairs = [
         {"rank": x.get("rank"), "spare": x.get("spare")}
@@ -101,6 +114,7 @@ def _recovery(r: tp.Mapping[str, tp.Any]) -> tp.Dict[str, tp.Any]:
         "generation": r.get("generation"),
         "failed_ranks": _ints(r.get("failed_ranks")),
         "replaced": pairs,
+        "elastic": _elastic(r.get("elastic")),
         "agreed_step": r.get("agreed_step"),
         "steps_redone": r.get("steps_redone"),
         "failure_to_first_step_s": r.get("failure_to_first_step_s"),
@@ -139,6 +153,11 @@ def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None],
             )
             continue
         by = ", ".join(f"rank {p['rank']} by spare {p['spare']}" for p in r["replaced"])
+        if r.get("elastic"):
+            e = r["elastic"]
+            dropped = ",".join(str(x) for x in e["dropped"]) or ranks
+            by = (f"rank(s) {dropped} dropped (no spare left), the run went on at a smaller world of "
+                  f"{e['world_size']} (was {e['world_size_was']}; the next attempt is full size)")  # fmt: skip
         took = r["failure_to_first_step_s"]
         out(
             f"[bold]recovered[/]  attempt {text(r['restart_count'])}, generation {text(r['generation'])}: {by or ranks}"

@@ -255,7 +255,8 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "spares_used": Int(0),
         "spares": Int(0),
     },
-    # a rank replaced inside the step by a warm spare, or the fallback (hpctrain.runtime.recovery)
+    # a rank replaced inside the step by a warm spare, the run gone on at a smaller world (its `elastic`, a dict:
+    # checked where status reads it, hpctrain.status.nodes), or the fallback (hpctrain.runtime.recovery)
     "ledger.in_job_recovery": {
         **_LEDGER_COMMON,
         "generation": Int(0),

@@ -17,9 +17,17 @@ What the Trainer does with it, on every rank (docs/preemption.md, "In-job recove
   optimizer, scheduler and scaler, then stands by; given a rank it opens that rank's loader shard, joins the new
   generation, receives the state, and goes on as that rank. Never needed: ``fit()`` returns without a step.
 
+* **no spare left** and ``RecoveryConfig.shrink``: the survivors go on at the smaller world (renumbered; the
+  plan's author first asks :meth:`InJob._can_shrink`: H5 data whose global batch the smaller world divides). Each
+  rebuilds its loader shard at its new rank and world size (the loader's own split, as a resume on that many
+  ranks does) before the state comes; then the loop's recorder, ledger writer and evaluator are told the new
+  rank and world (:meth:`InJob.resized`). The global batch, its sample order and the gradient stay the full
+  world's (up to the float sums' order: :mod:`hpctrain.runtime.shrink`).
+
 Anything the path cannot handle falls back with one line (:class:`~hpctrain.errors.InJobRecoveryFallback`, a peer
-failure to the Runner): no spare left, a second failure, a failure outside the step loop (restore, the final
-save). Under fsdp/hsdp the state is sharded, not replicated: recovery is off, said in one line.
+failure to the Runner): no spare left (without shrink, or a smaller world that cannot take the run), a second
+failure, a failure outside the step loop (restore, the final save). Under fsdp/hsdp the state is sharded, not
+replicated: recovery is off, said in one line.
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ class InJob:
 
     def __init__(self, trainer: tp.Any, config: tp.Any, host: str, port: int, spare: tp.Optional[int]) -> None:
         ctx = trainer.ctx
-        self.ctx, self.spare, self.device = ctx, spare, trainer.device
+        self.ctx, self.spare, self.device, self.trainer = ctx, spare, trainer.device, trainer
+        self._built: tp.Any = None
         backend = getattr(ctx, "backend", None) or ("nccl" if trainer.device.type == "cuda" else "gloo")
         who = {"spare": spare} if spare is not None else {"rank": trainer.rank}
         self.rec = InJobRecovery(
@@ -79,6 +88,8 @@ class InJob:
             job_id=getattr(ctx, "job_id", None),
             restart_count=int(getattr(ctx, "restart_count", 0) or 0),
             on_group=self._on_group,
+            can_shrink=self._can_shrink,
+            on_world=self._on_world,
             **who,
         )
 
@@ -130,9 +141,47 @@ class InJob:
         if stop is not None and hasattr(stop, "rejoin"):
             stop.rejoin()  # the stop agreement's group on this generation (half-closed with it on a failure)
 
+    def _can_shrink(self, world_size: int) -> tp.Optional[str]:
+        """Why this run cannot go on at ``world_size`` ranks (RecoveryConfig.shrink), or None."""
+        t = self.trainer
+        if callable(t.data):
+            return "Trainer(data=...) is a data factory, which cannot be split over fewer ranks (H5DataConfig can)"
+        for name, cfg in (("data", t.data), ("eval_data", getattr(t, "eval_data", None))):
+            batch = getattr(cfg, "global_batch_size", None)
+            if isinstance(batch, int) and batch % world_size:
+                return f"the {name}'s H5DataConfig.global_batch_size={batch} is not divisible by {world_size}"
+        return None
+
+    def _on_world(self, rank: int, world_size: int) -> None:
+        """Before joining the smaller world: this process's new rank, and its loader shard at that size."""
+        t, b = self.trainer, self._built
+        t.rank, t.world_size = rank, world_size
+        took_rank(rank, world_size)  # the Runner ends this process as its new rank
+        if b is not None and b.loader is not None and not callable(t.data):
+            old, b.loader = b.loader, t._build_loader(t.data)  # the position comes with the state
+            self.rec.state.loader = b.loader  # type: ignore[union-attr]
+            threading.Thread(target=old.close, name="hpctrain-close-loader", daemon=True).start()
+
+    def resized(self, rec: tp.Any, records: tp.Any, evaluator: tp.Any) -> None:
+        """After a recovery at a smaller world, in the loop: the metrics recorder, the ledger writer and the
+        evaluator at this process's new rank and world size (rank 0 writes the metrics from here on)."""
+        from hpctrain.ledger import Ledger
+        from hpctrain.rundir import RunDir
+
+        t = self.trainer
+        rec.rank, rec.world_size = t.rank, t.world_size
+        if t.rank == 0 and rec.path is None:
+            rec.path = RunDir(t.run_dir).metrics
+        if t.rank == 0 and records.ledger is None:
+            records.ledger = Ledger(t.run_dir)
+        if evaluator is not None:
+            evaluator.close()  # its loader is rebuilt at the new rank and size on the next evaluation
+            evaluator.world_size = t.world_size
+
     # ------------------------------------------------------------------------------------ the rank's loop
     def attach(self, b: tp.Any) -> None:
         """What a survivor sends and a replacement receives: the built objects of this ``fit``."""
+        self._built = b
         self.rec.state = ReplicatedState(
             module=b.module,
             optimizer=b.optimizer,
@@ -188,7 +237,14 @@ class InJob:
         trainer._open_checkpointer(b)
         plan = got.plan
         source = int(plan["source_rank"])
-        if self.spare is not None:
+        elastic = plan.get("elastic")
+        if elastic and trainer.rank == source:
+            batch = getattr(trainer.data, "global_batch_size", None)
+            split = f", the global batch of {batch} split {batch // got.world_size} a rank" if batch else ""
+            _line(f"generation {got.generation}: failed rank(s) {elastic['dropped']} dropped, no spare left: "
+                  f"continuing at a world of {got.world_size} (was {elastic['world_size_was']}) after step "
+                  f"{got.step}{split}")  # fmt: skip
+        elif self.spare is not None:
             _line(f"generation {got.generation}: spare {self.spare} took rank {got.rank}, continuing after step "
                   f"{got.step} with the state of rank {source}")  # fmt: skip
         elif trainer.rank == source:

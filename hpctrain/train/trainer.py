@@ -460,7 +460,9 @@ class Trainer:
                     if self.in_job is None:
                         raise
                     step = progress.step = self.in_job.recover(exc, self, b)  # raises what it cannot recover
-                    saver.ckpt = b.ckpt
+                    saver.ckpt, saver.loader = b.ckpt, b.loader
+                    if rec.world_size != self.world_size:  # continued at a smaller world (RecoveryConfig.shrink)
+                        self.in_job.resized(rec, records, evaluator)
                     batches = warm_up_buckets(
                         b.model,
                         b.module,

@@ -287,6 +287,7 @@ def test_a_spare_that_dies_taking_the_rank_is_a_second_failure_and_falls_back(tm
         ({"collective_timeout_s": 0}, "RecoveryConfig.collective_timeout_s"),
         ({"collective_timeout_s": 100.0, "agree_timeout_s": 50.0}, "RecoveryConfig.agree_timeout_s"),
         ({"enabled": "yes"}, "RecoveryConfig.enabled"),
+        ({"shrink": 1}, "RecoveryConfig.shrink"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_it(kwargs, option):

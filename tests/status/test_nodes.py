@@ -97,3 +97,30 @@ def test_status_names_the_rank_a_warm_spare_replaced_in_the_job_and_a_fallback(t
     assert "recovered  attempt 0, generation 1: rank 3 by spare 0 in the job · continued after step 29, 1 step" in out
     assert "first step 1.6s after the failure" in out
     assert "recovery   attempt 0: rank(s) 1 lost, in-job recovery fell back: no warm spare left for rank(s) [1]" in out
+
+
+def test_status_names_the_smaller_world_a_run_went_on_at(tmp_path, capsys):
+    now = time.time()
+    ledger = Ledger(tmp_path)
+    ledger.append({"event": "start", "time": now - 100, "job_id": "9", "restart_count": 0, "hosts": ["n1", "n2"]})
+    elastic = {"world_size_was": 4, "world_size": 3, "dropped": [2], "ranks": {"0": 0, "1": 1, "3": 2}}
+    ledger.append({"event": "in_job_recovery", "time": now - 60, "job_id": "9", "restart_count": 0, "generation": 1,
+                   "failed_ranks": [2], "agreed_step": 29, "steps_redone": 1, "replaced": [], "elastic": elastic,
+                   "failure_to_first_step_s": 1.31, "fallback": None})  # fmt: skip
+    ledger.append({"event": "in_job_recovery", "time": now - 30, "job_id": "9", "restart_count": 0, "generation": 2,
+                   "failed_ranks": [0], "replaced": [], "elastic": {"world_size": "3"}, "fallback": None})  # fmt: skip
+    report = collect(tmp_path)
+    first, second = report["in_job_recoveries"]
+    assert first["elastic"] == {"world_size_was": 4, "world_size": 3, "dropped": [2]}
+    assert second["elastic"] is None  # damaged: the line says no more than the failed ranks
+    json.dumps(report)
+    from rich.console import Console
+
+    render(report, Console(width=260, highlight=False))
+    out = capsys.readouterr().out
+    assert (
+        "recovered  attempt 0, generation 1: rank(s) 2 dropped (no spare left), the run went on at a smaller world "
+        "of 3 (was 4; the next attempt is full size) in the job · continued after step 29, 1 step redone · first "
+        "step 1.3s after the failure"
+    ) in out
+    assert "recovered  attempt 0, generation 2: 0 in the job" in out
