@@ -154,3 +154,25 @@ def test_the_slowest_rank_s_data_wait_is_read_beside_the_median_rank_s(tmp_path)
     (cal,) = read_calibrations(root)
     assert cal.data_wait_s == pytest.approx(0.05)
     assert cal.data_wait_slowest_s == pytest.approx(0.2)  # median of 0.2, 0.15, 0.3, 0.25, 0.2: the first left out
+
+
+def test_the_node_late_for_its_data_waits_for_nobody_else(tmp_path):
+    # a 2-rank calibration whose exposed comm (8 ms above the one-rank call's 0) is the bare all-reduce (2 rounds x
+    # 0.5 ms, given) plus a 7 ms excess of waiting for the other rank: while no node waits for data every rank
+    # pays it; once storage is the bound, the late node's step is its read, then its own work with the bare
+    # all-reduce, and the excess is not added on top of the read
+    one = _run(tmp_path / "w1")
+    two = make_run(
+        tmp_path / "w2", world=2, nodes=2, global_batch=100, data_ms=0.0, compute_ms=98.0, comm_ms=8.0, input_rec=SHARED
+    )
+    report = capacity_report(
+        [one, two], Targets(nodes=(2, 16), read_bw=5e9, samples=1e8, local_batch=50, gpus_per_node=1, latency_s=5e-4)
+    )
+    assert report["model"]["comm_extra_s"]["value"] == pytest.approx(7e-3)
+    rows = _rows(report)
+    free, bound = rows[2], rows[16]
+    assert not free["input"]["storage_bound"] and free["parts"]["comm_s"] == pytest.approx(8e-3)
+    assert bound["input"]["storage_bound"] and bound["parts"]["comm_s"] == pytest.approx(8 * 5e-4)  # 8 rounds at 16
+    late_rest = 98e-3 + 4e-3 + 2e-3  # compute, the bare all-reduce, the optimizer
+    assert bound["parts"]["data_wait_s"] == pytest.approx(50e6 / (5e9 / 16) - late_rest)
+    assert bound["step_s"] == pytest.approx(50e6 / (5e9 / 16))  # the step is the read
