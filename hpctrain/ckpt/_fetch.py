@@ -23,6 +23,7 @@ in the file fails the step. One all-gather of the verdicts: every rank accepts o
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import typing as tp
@@ -42,6 +43,8 @@ if tp.TYPE_CHECKING:  # pragma: no cover
     from hpctrain.ckpt._restore import Plan
 
 __all__ = ["read", "shards_read", "pack", "Region"]
+
+log = logging.getLogger("hpctrain.ckpt")
 
 _GAP = 4096
 """Stored pieces closer than this in one file are read as one run, the bytes between them included."""
@@ -241,22 +244,98 @@ class Route(tp.NamedTuple):
     """The process group (None: the default, training group)."""
     device: tp.Optional[torch.device]
     """None: in place in host memory; else through buffers on this device (NCCL moves only device memory)."""
+    node: bool = False
+    """Through a shared-memory buffer of the node (every rank on one host): :func:`_node_buffer`."""
 
 
 EXCHANGES = RESTORE_EXCHANGES  # the values CheckpointConfig.restore_exchange takes (ckpt/config.py)
 
 
 def route(setting: str, comm: Comm) -> Route:
-    """``host``: the checkpointer's gloo group, in host memory. ``device``: the training (default) group through
-    buffers on its device (the current CUDA device under NCCL, the CPU under gloo). ``auto``: ``device`` when the
-    default group is NCCL (NVLink and InfiniBand instead of TCP), else ``host``."""
+    """``node``: every rank on one host: through a shared-memory buffer of the node (each rank reads its part
+    into it, then copies the whole of it); ranks on several hosts take ``host``'s route. ``host``: the
+    checkpointer's gloo group, in host memory. ``device``: the training (default) group through buffers on its
+    device (the current CUDA device under NCCL, the CPU under gloo). ``auto``: ``node`` when every rank runs on
+    one host; across hosts ``device`` when the default group is NCCL (NVLink and InfiniBand instead of TCP),
+    else ``host``."""
     import torch.distributed as dist
 
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
-    if setting == "host" or (setting == "auto" and "nccl" not in backend):
+    if setting in ("node", "auto") and comm.hosts == 1:
+        return Route(comm.group, None, node=True)
+    if setting in ("host", "node") or (setting == "auto" and "nccl" not in backend):
         return Route(comm.group, None)
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
     return Route(None, device)
+
+
+NODE_DIR = "/dev/shm"
+"""Where the ``node`` exchange puts its buffer (memory: tmpfs). Where it is missing or full, every rank falls
+back to the ``host`` route together."""
+NODE_PREFIX = "hpctrain-restore-"
+_NODE_STALE_S = 7200.0
+"""A buffer file lives from its creation to the agreement right after (under ``agreement_timeout_s``); one this
+old was left by a rank that died in between, and the next exchange on the node removes it."""
+
+
+def _node_buffer(
+    comm: Comm, nbytes: int, rank: int, part: tp.Tuple[int, int]
+) -> tp.Optional[tp.Tuple[torch.Tensor, tp.Any]]:
+    """Collective: a shared-memory buffer of ``nbytes`` that every rank of this host maps (MAP_SHARED), with this
+    rank's ``part`` (offset, length) of it allocated up front (``posix_fallocate``: a full tmpfs fails here,
+    cleanly, not as a SIGBUS later). The file is unlinked once every rank has it mapped, so it disappears with the
+    last mapping. Returns (tensor over the mapping, the mapping), or None on every rank when any rank could not
+    have it (then the caller exchanges over gloo)."""
+    import mmap
+
+    comm.exchanges += 1
+    path = os.path.join(NODE_DIR, f"{NODE_PREFIX}{comm.tag}-{comm.exchanges}")
+    if rank == 0:
+        _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
+    fd, mm, ok = -1, None, 1
+    try:
+        fault("node_buffer", rank)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.ftruncate(fd, nbytes)  # every rank the same size: idempotent, never shrinks another rank's part
+        if part[1]:
+            os.posix_fallocate(fd, part[0], part[1])
+        mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError) as exc:
+        log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
+        ok = 0
+    try:
+        agreed = all(o[0] for o in comm.all_gather_ints([ok]))  # every rank has it mapped (or not)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+            try:
+                os.unlink(path)  # every rank tries: whoever is first removes the name, the mappings stay
+            except FileNotFoundError:
+                pass
+    if not agreed:
+        if mm is not None:
+            mm.close()
+        return None
+    return torch.frombuffer(mm, dtype=torch.uint8), mm
+
+
+def _sweep_node_buffers(older_than_s: float) -> None:
+    """Remove node-exchange buffers left by ranks that died before unlinking them (only this user's)."""
+    import time
+
+    try:
+        names = [n for n in os.listdir(NODE_DIR) if n.startswith(NODE_PREFIX)]
+    except OSError:
+        return
+    now = time.time()
+    for n in names:
+        p = os.path.join(NODE_DIR, n)
+        try:
+            st = os.lstat(p)
+            if st.st_uid == os.getuid() and now - st.st_mtime > older_than_s:
+                os.unlink(p)
+        except OSError:
+            pass
 
 
 _DEVICE_ROUND = 1 << 30
@@ -351,7 +430,8 @@ def read(
     once = mode == "read_once" and world > 1
     chunk, lo, hi = _share(total, rank, world, once)
     buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
-    base = buf.data_ptr()
+    node = _node_buffer(comm, chunk * world, rank, (lo, chunk)) if once and total and route.node else None
+    base = buf.data_ptr() if node is None else node[0].data_ptr()  # this rank reads its share into the node's
     runs: tp.List[Run] = []
     for r in regions:  # this rank's share of the packed buffer
         a, b = max(r.at, lo), min(r.at + r.end - r.start, hi)
@@ -379,7 +459,9 @@ def read(
         err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     work = None
     try:
-        if once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
+        if node is not None:  # the node's buffer: copied whole once every rank has read its part (below)
+            pass
+        elif once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
             work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
         elif once and total:
             _gather_through_device(buf, chunk, rank, world, route)
@@ -409,6 +491,10 @@ def read(
                 mine = str(exc)
         ok = comm.all_gather_ints([0 if mine else 1])
         errors = [] if all(o[0] for o in ok) else [e for e in comm.all_gather(mine) if e]
+    if node is not None:  # every rank has read its part: the verdicts' gather above is the barrier
+        if not errors:
+            buf[: node[0].numel()].copy_(node[0])
+        node = None  # the mapping goes with the last reference; the file was unlinked when every rank mapped it
     if errors:
         return {}, errors
     for key in rest:

@@ -10,6 +10,7 @@ import typing as tp
 import torch
 
 from hpctrain.ckpt import Checkpointer
+from hpctrain.ckpt._commit import _FIRED
 from tests.ckpt.workers import cfg
 
 SIZES = (37, 1000, 3001, 17, 5000, 1, 2048, 999)
@@ -56,6 +57,7 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
     out = []
     for d, mode, fault in jobs:
         if fault:
+            _FIRED.clear()  # each job's "raiseonce" fires once in it, whatever an earlier job fired
             os.environ["HPCTRAIN_CKPT_FAULT"] = fault
         mode, _, exchange = mode.partition("+")
         try:
@@ -72,7 +74,16 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
         exact = all(torch.equal(model[k], want_model[k]) for k in want_model)
         exact = exact and all(torch.equal(opt[k], want_opt[k]) for k in want_opt)
         out.append({"step": res.step, "quarantined": res.quarantined, "exact": exact})
+        if exchange == "node":  # the node exchange's buffer files: none left once the restore returned
+            out[-1]["node_files_left"] = _node_files(ck._comm.tag)
+            out[-1]["exchanges"] = ck._comm.exchanges
     return out
+
+
+def _node_files(tag: str) -> tp.List[str]:
+    from hpctrain.ckpt._fetch import NODE_DIR, NODE_PREFIX
+
+    return sorted(n for n in os.listdir(NODE_DIR) if n.startswith(f"{NODE_PREFIX}{tag}-"))
 
 
 def device_gather(rank: int, world: int, chunk: int, round_bytes: int) -> bool:
