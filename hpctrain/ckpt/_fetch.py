@@ -278,45 +278,69 @@ _NODE_STALE_S = 7200.0
 old was left by a rank that died in between, and the next exchange on the node removes it."""
 
 
-def _node_buffer(
-    comm: Comm, nbytes: int, rank: int, part: tp.Tuple[int, int]
-) -> tp.Optional[tp.Tuple[torch.Tensor, tp.Any]]:
-    """Collective: a shared-memory buffer of ``nbytes`` that every rank of this host maps (MAP_SHARED), with this
-    rank's ``part`` (offset, length) of it allocated up front (``posix_fallocate``: a full tmpfs fails here,
-    cleanly, not as a SIGBUS later). The file is unlinked once every rank has it mapped, so it disappears with the
-    last mapping. Returns (tensor over the mapping, the mapping), or None on every rank when any rank could not
-    have it (then the caller exchanges over gloo)."""
-    import mmap
+class _NodeBuffer:
+    """A shared-memory buffer that every rank of this host maps (``MAP_SHARED``): each rank reads its part of the
+    checkpoint's bytes into it; once every rank has, each maps the whole file again copy-on-write
+    (:meth:`private`): the bytes every rank read, as this rank's own memory, with no copy (a page is copied only
+    when this rank writes it: the page cache holds one copy of the node's bytes for every rank)."""
 
-    comm.exchanges += 1
-    path = os.path.join(NODE_DIR, f"{NODE_PREFIX}{comm.tag}-{comm.exchanges}")
-    if rank == 0:
-        _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
-    fd, mm, ok = -1, None, 1
-    try:
-        fault("node_buffer", rank)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        os.ftruncate(fd, nbytes)  # every rank the same size: idempotent, never shrinks another rank's part
-        if part[1]:
-            os.posix_fallocate(fd, part[0], part[1])
-        mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except (OSError, ValueError) as exc:
-        log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
-        ok = 0
-    try:
-        agreed = all(o[0] for o in comm.all_gather_ints([ok]))  # every rank has it mapped (or not)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-            try:
-                os.unlink(path)  # every rank tries: whoever is first removes the name, the mappings stay
-            except FileNotFoundError:
-                pass
-    if not agreed:
-        if mm is not None:
-            mm.close()
-        return None
-    return torch.frombuffer(mm, dtype=torch.uint8), mm
+    def __init__(self, fd: int, mm: tp.Any, nbytes: int) -> None:
+        self.fd, self.nbytes = fd, nbytes
+        self.shared: tp.Optional[torch.Tensor] = torch.frombuffer(mm, dtype=torch.uint8)
+
+    @classmethod
+    def open(cls, comm: Comm, nbytes: int, rank: int, part: tp.Tuple[int, int]) -> tp.Optional["_NodeBuffer"]:
+        """Collective: the buffer, with this rank's ``part`` (offset, length) of it allocated up front
+        (``posix_fallocate``: a full tmpfs fails here, cleanly, not as a SIGBUS later). The file is unlinked once
+        every rank has it open and mapped, so it disappears with the last mapping. None on every rank when any
+        rank could not have it (then the caller exchanges over gloo)."""
+        import mmap
+
+        comm.exchanges += 1
+        path = os.path.join(NODE_DIR, f"{NODE_PREFIX}{comm.tag}-{comm.exchanges}")
+        if rank == 0:
+            _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
+        fd, mm, ok = -1, None, 1
+        try:
+            fault("node_buffer", rank)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.ftruncate(fd, nbytes)  # every rank the same size: idempotent, never shrinks another rank's part
+            if part[1]:
+                os.posix_fallocate(fd, part[0], part[1])
+            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError) as exc:
+            log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
+            ok = 0
+        try:
+            agreed = all(o[0] for o in comm.all_gather_ints([ok]))  # every rank has it mapped (or not)
+        finally:
+            if fd >= 0:
+                try:
+                    os.unlink(path)  # every rank tries: whoever is first removes the name, the mappings stay
+                except FileNotFoundError:
+                    pass
+        if not agreed:
+            if mm is not None:
+                mm.close()
+            if fd >= 0:
+                os.close(fd)
+            return None
+        return cls(fd, mm, nbytes)
+
+    def private(self) -> torch.Tensor:
+        """The whole buffer, mapped copy-on-write (call once every rank has read its part); the shared mapping
+        and the descriptor are released."""
+        import mmap
+
+        mm = mmap.mmap(self.fd, self.nbytes, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.close()
+        return torch.frombuffer(mm, dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.shared = None  # the mapping goes with the last reference to it
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _sweep_node_buffers(older_than_s: float) -> None:
@@ -424,14 +448,41 @@ def read(
     ``route``: where ``read_once`` exchanges the bytes (default: host memory on the checkpointer's group)."""
     route = route or Route(comm.group, None)
     rank, world = comm.rank, comm.world
+    packed = pack(p.stored, p.whole)
+    once = mode == "read_once" and world > 1
+    chunk, lo, _ = _share(packed[2], rank, world, once)
+    node = None
+    if once and packed[2] and route.node:
+        node = _NodeBuffer.open(comm, chunk * world, rank, (lo, chunk))
+    try:
+        return _read(index, p, comm, mode, verify, route, packed, node)
+    finally:
+        if node is not None:
+            node.close()
+
+
+def _read(
+    index: Index,
+    p: "Plan",
+    comm: Comm,
+    mode: str,
+    verify: bool,
+    route: Route,
+    packed: tp.Tuple[tp.List[Region], tp.Dict, int],
+    node: tp.Optional[_NodeBuffer],
+) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
+    rank, world = comm.rank, comm.world
     stored, shared = p.stored, p.whole
     segs = _Segments() if verify else None
-    regions, at, total = pack(stored, shared)
+    regions, at, total = packed
     once = mode == "read_once" and world > 1
     chunk, lo, hi = _share(total, rank, world, once)
-    buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
-    node = _node_buffer(comm, chunk * world, rank, (lo, chunk)) if once and total and route.node else None
-    base = buf.data_ptr() if node is None else node[0].data_ptr()  # this rank reads its share into the node's
+    if node is None:
+        buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
+    else:  # this rank reads its share into the node's buffer; ``buf`` is its private mapping (below)
+        assert node.shared is not None
+        buf = node.shared
+    base = buf.data_ptr()
     runs: tp.List[Run] = []
     for r in regions:  # this rank's share of the packed buffer
         a, b = max(r.at, lo), min(r.at + r.end - r.start, hi)
@@ -459,7 +510,7 @@ def read(
         err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     work = None
     try:
-        if node is not None:  # the node's buffer: copied whole once every rank has read its part (below)
+        if node is not None:  # the node's buffer: mapped privately once every rank has read its part (below)
             pass
         elif once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
             work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
@@ -473,7 +524,7 @@ def read(
     except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
         raise comm._fail(exc) from exc
     views = _Views(buf, at)
-    tensors, rest = views.views(stored, shared)  # while a host gather runs: metadata only
+    tensors, rest = views.views(stored, shared) if node is None else ({}, [])  # while a gather runs: metadata only
     if work is not None:
         try:
             work.wait()
@@ -491,12 +542,11 @@ def read(
                 mine = str(exc)
         ok = comm.all_gather_ints([0 if mine else 1])
         errors = [] if all(o[0] for o in ok) else [e for e in comm.all_gather(mine) if e]
-    if node is not None:  # every rank has read its part: the verdicts' gather above is the barrier
-        if not errors:
-            buf[: node[0].numel()].copy_(node[0])
-        node = None  # the mapping goes with the last reference; the file was unlinked when every rank mapped it
     if errors:
         return {}, errors
+    if node is not None:  # every rank has read its part (the verdicts' gather above was the barrier)
+        views = _Views(node.private(), at)
+        tensors, rest = views.views(stored, shared)
     for key in rest:
         tensors[key] = views.assemble(stored[key])
     for key, mem in own.items():

@@ -98,3 +98,39 @@ def device_gather(rank: int, world: int, chunk: int, round_bytes: int) -> bool:
     buf[rank * chunk : (rank + 1) * chunk] = part(rank)
     _gather_through_device(buf, chunk, rank, world, Route(None, torch.device("cpu")), round_bytes=round_bytes)
     return bool(torch.equal(buf, torch.cat([part(r) for r in range(world)])))
+
+
+class Keep:
+    """``load_state_dict`` that keeps the restored tensors (as an optimizer does its state)."""
+
+    def __init__(self, sd: tp.Dict[str, torch.Tensor]) -> None:
+        self.sd = sd
+
+    def state_dict(self) -> tp.Dict[str, torch.Tensor]:
+        return self.sd
+
+    def load_state_dict(self, sd: tp.Dict[str, torch.Tensor], strict: bool = True) -> None:
+        self.sd = dict(sd)
+
+
+def node_private(rank: int, world: int, d: str) -> tp.Dict[str, bool]:
+    """Restore through the node exchange keeping the tensors (views of the node's bytes), then each rank in turn
+    writes its own: no rank sees another's writes (the mapping is copy-on-write), every rank sees its own."""
+    import torch.distributed as dist
+
+    ck = Checkpointer(cfg(d, restore_mode="read_once", restore_exchange="node"))
+    model, opt, _ = state(999)
+    keep_opt = Keep(opt)
+    res = ck.restore(model=Holder(model), optimizer=keep_opt)
+    ck.close()
+    assert res is not None
+    want = state(res.step)[1]
+    got = keep_opt.sd
+    exact = all(torch.equal(got[k], want[k]) for k in want)
+    for turn in range(world):
+        if turn == rank:
+            for t in got.values():
+                t.add_(rank + 1)
+        dist.barrier()
+    own = all(torch.equal(got[k], want[k] + (rank + 1)) for k in want)
+    return {"exact": exact, "own_writes_only": own}

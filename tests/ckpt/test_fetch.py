@@ -150,6 +150,11 @@ def test_a_rank_without_a_node_buffer_makes_every_rank_exchange_over_gloo(damage
     assert [_outcome(r[len(MODES) + 2]) for r in two] == [{"step": STEPS[-1], "quarantined": [], "exact": True}] * 2
 
 
+def test_tensors_restored_through_the_node_buffer_are_each_ranks_own(tmp_path):
+    run_world(fw.save, 3, str(tmp_path / "ck"), [1, 2])
+    assert run_world(fw.node_private, 3, str(tmp_path / "ck")).results == [{"exact": True, "own_writes_only": True}] * 3
+
+
 def test_the_node_exchange_removes_stale_buffer_files_of_dead_ranks(tmp_path):
     from hpctrain.ckpt._fetch import NODE_DIR, NODE_PREFIX
 
