@@ -291,32 +291,47 @@ class _NodeBuffer:
     @classmethod
     def open(cls, comm: Comm, nbytes: int, rank: int, part: tp.Tuple[int, int]) -> tp.Optional["_NodeBuffer"]:
         """Collective: the buffer, with this rank's ``part`` (offset, length) of it allocated up front
-        (``posix_fallocate``: a full tmpfs fails here, cleanly, not as a SIGBUS later). The file is unlinked once
-        every rank has it open and mapped, so it disappears with the last mapping. None on every rank when any
-        rank could not have it (then the caller exchanges over gloo)."""
+        (``posix_fallocate``: a full tmpfs fails here, cleanly, not as a SIGBUS later). None on every rank when
+        any rank could not have it (then the caller exchanges over gloo).
+
+        Only rank 0 creates the file (``O_EXCL``, under a name no other checkpointer uses); the others open it
+        after a first gather says it exists, never creating it: a rank that does not share rank 0's ``/dev/shm``
+        (another machine or container behind the same host name) finds no file and every rank falls back,
+        instead of reading its part into memory nobody else sees. The file is unlinked once every rank has it
+        mapped, so it disappears with the last mapping."""
         import mmap
 
         comm.exchanges += 1
         path = os.path.join(NODE_DIR, f"{NODE_PREFIX}{comm.tag}-{comm.exchanges}")
-        if rank == 0:
-            _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
         fd, mm, ok = -1, None, 1
         try:
-            fault("node_buffer", rank)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            os.ftruncate(fd, nbytes)  # every rank the same size: idempotent, never shrinks another rank's part
-            if part[1]:
-                os.posix_fallocate(fd, part[0], part[1])
-            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except (OSError, ValueError) as exc:
-            log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
-            ok = 0
-        try:
-            agreed = all(o[0] for o in comm.all_gather_ints([ok]))  # every rank has it mapped (or not)
-        finally:
-            if fd >= 0:
+            try:
+                fault("node_buffer", rank)
+                if rank == 0:
+                    _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                    os.ftruncate(fd, nbytes)
+            except OSError as exc:
+                log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
+                ok = 0
+            created = comm.all_gather_ints([ok])[0][0]  # rank 0's file exists (or not)
+            if created and ok:
                 try:
-                    os.unlink(path)  # every rank tries: whoever is first removes the name, the mappings stay
+                    if rank != 0:
+                        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # never O_CREAT: rank 0's
+                        if os.fstat(fd).st_size != nbytes:
+                            raise OSError(f"{path}: not the size rank 0 made it")
+                    if part[1]:
+                        os.posix_fallocate(fd, part[0], part[1])
+                    mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                except (OSError, ValueError) as exc:
+                    log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
+                    ok = 0
+            agreed = bool(created) and all(o[0] for o in comm.all_gather_ints([ok]))  # every rank has it mapped
+        finally:
+            if rank == 0 and fd >= 0:
+                try:
+                    os.unlink(path)  # every rank has it open (or gave up): the mappings keep the memory
                 except FileNotFoundError:
                     pass
         if not agreed:

@@ -76,8 +76,9 @@ class CheckpointConfig:
     """``read_once``: each rank reads about 1/world of the replicated state from the files and the ranks
     exchange the rest over the checkpointer's gloo group (the filesystem sees each byte once).
     ``read_all``: every rank reads all of it (no network traffic; every host reads the whole checkpoint).
-    ``auto``: ``read_once`` when the ranks run on several hosts, ``read_all`` when they share one (its page
-    cache serves the bytes to every rank, and that is faster than the loopback exchange).
+    ``auto``: ``read_once`` when the ranks run on several hosts, or on one host with the ``node`` exchange (its
+    shared memory: faster than every rank reading every byte); ``read_all`` on one host otherwise (its page cache
+    serves the bytes to every rank, and that is faster than the loopback gloo exchange).
     Sharded (DTensor) state is always read by the ranks that need it, each byte range once."""
     restore_exchange: str = "auto"
     """How ``read_once`` ranks exchange the bytes. ``node`` (every rank on one host): through a shared-memory

@@ -134,3 +134,22 @@ def node_private(rank: int, world: int, d: str) -> tp.Dict[str, bool]:
         dist.barrier()
     own = all(torch.equal(got[k], want[k] + (rank + 1)) for k in want)
     return {"exact": exact, "own_writes_only": own}
+
+
+def separate_node_dirs(rank: int, world: int, d: str, base: str) -> tp.Dict[str, tp.Any]:
+    """Restore through the node exchange where every rank has its own ``/dev/shm`` behind one host name (as
+    containers or machines that report the same name): no rank may read its part into memory the others do not
+    see; every rank falls back to gloo and the restore is exact."""
+    from hpctrain.ckpt import _fetch
+
+    _fetch.NODE_DIR = os.path.join(base, f"rank{rank}")
+    os.makedirs(_fetch.NODE_DIR, exist_ok=True)
+    ck = Checkpointer(cfg(d, restore_mode="read_once", restore_exchange="node"))
+    model, opt, _ = state(999)
+    res = ck.restore(model=Holder(model), optimizer=Holder(opt))
+    ck.close()
+    assert res is not None
+    want_model, want_opt, _ = state(res.step)
+    exact = all(torch.equal(model[k], want_model[k]) for k in want_model)
+    exact = exact and all(torch.equal(opt[k], want_opt[k]) for k in want_opt)
+    return {"step": res.step, "exact": exact, "left": os.listdir(_fetch.NODE_DIR)}

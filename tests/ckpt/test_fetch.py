@@ -253,6 +253,8 @@ def test_the_json_depth_from_bytes_agrees_with_the_tree_walk():
 def test_auto_mode_reads_once_across_hosts_and_all_on_one_host():
     assert resolve_mode("auto", hosts=1) == "read_all"
     assert resolve_mode("auto", hosts=2) == "read_once"
+    assert resolve_mode("auto", hosts=1, node=True) == "read_once"  # one host, its shared memory: read once
+    assert resolve_mode("read_all", hosts=1, node=True) == "read_all"
     assert [resolve_mode(m, hosts=h) for m in ("read_once", "read_all") for h in (1, 3)] == ["read_once"] * 2 + [
         "read_all"
     ] * 2
@@ -276,3 +278,9 @@ def test_auto_exchanges_through_the_node_on_one_host_and_over_gloo_across_hosts(
 @pytest.mark.parametrize("round_bytes", [200, 1 << 30])  # 4 rounds (the last one short), and one
 def test_the_exchange_through_device_buffers_puts_every_byte_in_place(round_bytes):
     assert run_world(fw.device_gather, 3, 7 * 64, round_bytes).results == [True] * 3
+
+
+def test_ranks_behind_one_host_name_without_a_shared_dev_shm_fall_back_to_gloo(tmp_path):
+    run_world(fw.save, 3, str(tmp_path / "ck"), [1, 2])
+    got = run_world(fw.separate_node_dirs, 3, str(tmp_path / "ck"), str(tmp_path / "shm")).results
+    assert got == [{"step": 2, "exact": True, "left": []}] * 3
