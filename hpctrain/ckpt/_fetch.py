@@ -245,7 +245,7 @@ class Route(tp.NamedTuple):
     device: tp.Optional[torch.device]
     """None: in place in host memory; else through buffers on this device (NCCL moves only device memory)."""
     node: bool = False
-    """Through a shared-memory buffer of the node (every rank on one host): :func:`_node_buffer`."""
+    """Through a shared-memory buffer of the node (every rank on one host): :class:`_NodeBuffer`."""
 
 
 EXCHANGES = RESTORE_EXCHANGES  # the values CheckpointConfig.restore_exchange takes (ckpt/config.py)
