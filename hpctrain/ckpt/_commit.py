@@ -21,7 +21,8 @@ Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:raiseonce|:sleepSECONDS
 SIGKILL by default):
 ``start``, ``before_write``, ``after_write`` (written, not fsynced), ``after_fsync`` (before the
 agreement), ``after_agree``, ``after_manifest``, ``after_move_aside`` (a re-save, between its two
-renames), ``after_rename`` (before LATEST), ``after_latest``; and ``restore_read`` (a rank's reads during restore).
+renames), ``after_rename`` (before LATEST), ``after_latest``; and ``restore_read`` (a rank's reads during restore),
+``node_buffer`` (a rank's shared-memory buffer of the ``node`` exchange: ``:raise`` makes every rank fall back).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ FAULT_POINTS = (
     "after_rename",
     "after_latest",
     "restore_read",
+    "node_buffer",
 )
 FAULT_ENV = "HPCTRAIN_CKPT_FAULT"
 _FIRED: tp.Set[str] = set()
@@ -123,6 +125,7 @@ class Comm:
         self.tag = got[0][0]
         self.hosts = len({host for _, host in got})  # restore's "auto" mode reads once across hosts only
         self.saves = 0
+        self.exchanges = 0  # restore's node exchange: every rank counts the same, so its buffer needs no agreed name
 
     def _fail(self, exc: BaseException) -> HpctrainError:
         return HpctrainError(

@@ -23,6 +23,7 @@ in the file fails the step. One all-gather of the verdicts: every rank accepts o
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import typing as tp
@@ -42,6 +43,8 @@ if tp.TYPE_CHECKING:  # pragma: no cover
     from hpctrain.ckpt._restore import Plan
 
 __all__ = ["read", "shards_read", "pack", "Region"]
+
+log = logging.getLogger("hpctrain.ckpt")
 
 _GAP = 4096
 """Stored pieces closer than this in one file are read as one run, the bytes between them included."""
@@ -241,22 +244,137 @@ class Route(tp.NamedTuple):
     """The process group (None: the default, training group)."""
     device: tp.Optional[torch.device]
     """None: in place in host memory; else through buffers on this device (NCCL moves only device memory)."""
+    node: bool = False
+    """Through a shared-memory buffer of the node (every rank on one host): :class:`_NodeBuffer`."""
 
 
 EXCHANGES = RESTORE_EXCHANGES  # the values CheckpointConfig.restore_exchange takes (ckpt/config.py)
 
 
 def route(setting: str, comm: Comm) -> Route:
-    """``host``: the checkpointer's gloo group, in host memory. ``device``: the training (default) group through
-    buffers on its device (the current CUDA device under NCCL, the CPU under gloo). ``auto``: ``device`` when the
-    default group is NCCL (NVLink and InfiniBand instead of TCP), else ``host``."""
+    """``node``: every rank on one host: through a shared-memory buffer of the node (each rank reads its part
+    into it, then copies the whole of it); ranks on several hosts take ``host``'s route. ``host``: the
+    checkpointer's gloo group, in host memory. ``device``: the training (default) group through buffers on its
+    device (the current CUDA device under NCCL, the CPU under gloo). ``auto``: ``node`` when every rank runs on
+    one host; across hosts ``device`` when the default group is NCCL (NVLink and InfiniBand instead of TCP),
+    else ``host``."""
     import torch.distributed as dist
 
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
-    if setting == "host" or (setting == "auto" and "nccl" not in backend):
+    if setting in ("node", "auto") and comm.hosts == 1:
+        return Route(comm.group, None, node=True)
+    if setting in ("host", "node") or (setting == "auto" and "nccl" not in backend):
         return Route(comm.group, None)
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
     return Route(None, device)
+
+
+NODE_DIR = "/dev/shm"
+"""Where the ``node`` exchange puts its buffer (memory: tmpfs). Where it is missing or full, every rank falls
+back to the ``host`` route together."""
+NODE_PREFIX = "hpctrain-restore-"
+_NODE_STALE_S = 7200.0
+"""A buffer file lives from its creation to the agreement right after (under ``agreement_timeout_s``); one this
+old was left by a rank that died in between, and the next exchange on the node removes it."""
+
+
+class _NodeBuffer:
+    """A shared-memory buffer that every rank of this host maps (``MAP_SHARED``): each rank reads its part of the
+    checkpoint's bytes into it; once every rank has, each maps the whole file again copy-on-write
+    (:meth:`private`): the bytes every rank read, as this rank's own memory, with no copy (a page is copied only
+    when this rank writes it: the page cache holds one copy of the node's bytes for every rank)."""
+
+    def __init__(self, fd: int, mm: tp.Any, nbytes: int) -> None:
+        self.fd, self.nbytes = fd, nbytes
+        self.shared: tp.Optional[torch.Tensor] = torch.frombuffer(mm, dtype=torch.uint8)
+
+    @classmethod
+    def open(cls, comm: Comm, nbytes: int, rank: int, part: tp.Tuple[int, int]) -> tp.Optional["_NodeBuffer"]:
+        """Collective: the buffer, with this rank's ``part`` (offset, length) of it allocated up front
+        (``posix_fallocate``: a full tmpfs fails here, cleanly, not as a SIGBUS later). None on every rank when
+        any rank could not have it (then the caller exchanges over gloo).
+
+        Only rank 0 creates the file (``O_EXCL``, under a name no other checkpointer uses); the others open it
+        after a first gather says it exists, never creating it: a rank that does not share rank 0's ``/dev/shm``
+        (another machine or container behind the same host name) finds no file and every rank falls back,
+        instead of reading its part into memory nobody else sees. The file is unlinked once every rank has it
+        mapped, so it disappears with the last mapping."""
+        import mmap
+
+        comm.exchanges += 1
+        path = os.path.join(NODE_DIR, f"{NODE_PREFIX}{comm.tag}-{comm.exchanges}")
+        fd, mm, ok = -1, None, 1
+        try:
+            try:
+                fault("node_buffer", rank)
+                if rank == 0:
+                    _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                    os.ftruncate(fd, nbytes)
+            except OSError as exc:
+                log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
+                ok = 0
+            created = comm.all_gather_ints([ok])[0][0]  # rank 0's file exists (or not)
+            if created and ok:
+                try:
+                    if rank != 0:
+                        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # never O_CREAT: rank 0's
+                        if os.fstat(fd).st_size != nbytes:
+                            raise OSError(f"{path}: not the size rank 0 made it")
+                    if part[1]:
+                        os.posix_fallocate(fd, part[0], part[1])
+                    mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                except (OSError, ValueError) as exc:
+                    log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
+                    ok = 0
+            agreed = bool(created) and all(o[0] for o in comm.all_gather_ints([ok]))  # every rank has it mapped
+        finally:
+            if rank == 0 and fd >= 0:
+                try:
+                    os.unlink(path)  # every rank has it open (or gave up): the mappings keep the memory
+                except FileNotFoundError:
+                    pass
+        if not agreed:
+            if mm is not None:
+                mm.close()
+            if fd >= 0:
+                os.close(fd)
+            return None
+        return cls(fd, mm, nbytes)
+
+    def private(self) -> torch.Tensor:
+        """The whole buffer, mapped copy-on-write (call once every rank has read its part); the shared mapping
+        and the descriptor are released."""
+        import mmap
+
+        mm = mmap.mmap(self.fd, self.nbytes, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.close()
+        return torch.frombuffer(mm, dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.shared = None  # the mapping goes with the last reference to it
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _sweep_node_buffers(older_than_s: float) -> None:
+    """Remove node-exchange buffers left by ranks that died before unlinking them (only this user's)."""
+    import time
+
+    try:
+        names = [n for n in os.listdir(NODE_DIR) if n.startswith(NODE_PREFIX)]
+    except OSError:
+        return
+    now = time.time()
+    for n in names:
+        p = os.path.join(NODE_DIR, n)
+        try:
+            st = os.lstat(p)
+            if st.st_uid == os.getuid() and now - st.st_mtime > older_than_s:
+                os.unlink(p)
+        except OSError:
+            pass
 
 
 _DEVICE_ROUND = 1 << 30
@@ -345,12 +463,40 @@ def read(
     ``route``: where ``read_once`` exchanges the bytes (default: host memory on the checkpointer's group)."""
     route = route or Route(comm.group, None)
     rank, world = comm.rank, comm.world
+    packed = pack(p.stored, p.whole)
+    once = mode == "read_once" and world > 1
+    chunk, lo, _ = _share(packed[2], rank, world, once)
+    node = None
+    if once and packed[2] and route.node:
+        node = _NodeBuffer.open(comm, chunk * world, rank, (lo, chunk))
+    try:
+        return _read(index, p, comm, mode, verify, route, packed, node)
+    finally:
+        if node is not None:
+            node.close()
+
+
+def _read(
+    index: Index,
+    p: "Plan",
+    comm: Comm,
+    mode: str,
+    verify: bool,
+    route: Route,
+    packed: tp.Tuple[tp.List[Region], tp.Dict, int],
+    node: tp.Optional[_NodeBuffer],
+) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
+    rank, world = comm.rank, comm.world
     stored, shared = p.stored, p.whole
     segs = _Segments() if verify else None
-    regions, at, total = pack(stored, shared)
+    regions, at, total = packed
     once = mode == "read_once" and world > 1
     chunk, lo, hi = _share(total, rank, world, once)
-    buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
+    if node is None:
+        buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
+    else:  # this rank reads its share into the node's buffer; ``buf`` is its private mapping (below)
+        assert node.shared is not None
+        buf = node.shared
     base = buf.data_ptr()
     runs: tp.List[Run] = []
     for r in regions:  # this rank's share of the packed buffer
@@ -379,7 +525,9 @@ def read(
         err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     work = None
     try:
-        if once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
+        if node is not None:  # the node's buffer: mapped privately once every rank has read its part (below)
+            pass
+        elif once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
             work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
         elif once and total:
             _gather_through_device(buf, chunk, rank, world, route)
@@ -391,7 +539,7 @@ def read(
     except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
         raise comm._fail(exc) from exc
     views = _Views(buf, at)
-    tensors, rest = views.views(stored, shared)  # while a host gather runs: metadata only
+    tensors, rest = views.views(stored, shared) if node is None else ({}, [])  # while a gather runs: metadata only
     if work is not None:
         try:
             work.wait()
@@ -411,6 +559,9 @@ def read(
         errors = [] if all(o[0] for o in ok) else [e for e in comm.all_gather(mine) if e]
     if errors:
         return {}, errors
+    if node is not None:  # every rank has read its part (the verdicts' gather above was the barrier)
+        views = _Views(node.private(), at)
+        tensors, rest = views.views(stored, shared)
     for key in rest:
         tensors[key] = views.assemble(stored[key])
     for key, mem in own.items():

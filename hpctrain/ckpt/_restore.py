@@ -29,14 +29,16 @@ __all__ = ["Want", "Plan", "plan", "fill", "RESTORE_MODES", "resolve_mode"]
 from hpctrain.ckpt.config import RESTORE_MODES  # noqa: E402 - re-exported for the restore code
 
 
-def resolve_mode(mode: str, hosts: int) -> str:
+def resolve_mode(mode: str, hosts: int, node: bool = False) -> str:
     """``auto``: ``read_once`` when the ranks span several hosts (each byte leaves the filesystem once instead of
-    once per host), ``read_all`` when they share one host: there the page cache already hands every rank the
-    bytes one rank read from the filesystem, and reading it beats moving the bytes over loopback TCP (measured
-    in docs/checkpoint.md). The other modes are taken as they are."""
+    once per host), or share one host and exchange through its shared memory (``node``: each rank reads a part
+    and maps the rest, faster than every rank reading every byte, measured in docs/checkpoint.md); ``read_all``
+    when they share one host and would exchange over a socket (there the page cache already hands every rank the
+    bytes one rank read, and reading it beats moving the bytes over loopback TCP). The other modes are taken as
+    they are."""
     if mode != "auto":
         return mode
-    return "read_once" if hosts > 1 else "read_all"
+    return "read_once" if hosts > 1 or node else "read_all"
 
 
 class _Ref:

@@ -466,8 +466,8 @@ class Checkpointer:
             (n, o) for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler)) if o is not None
         ]
         share = (self.rank, self.world_size, self._comm.all_gather) if self.world_size > 1 else None
-        mode = resolve_mode(self.config.restore_mode, self._comm.hosts)
         via = route(self.config.restore_exchange, self._comm)
+        mode = resolve_mode(self.config.restore_mode, self._comm.hosts, node=via.node)
         for s in common:
             path = self.root / step_name(s)
             self._before_read(path, None)

@@ -35,7 +35,7 @@ the local tier with every shard on the node that wrote it, or the local tier wit
 partner copy on another node (its own node was lost or replaced)."""
 RESTORE_MODES = ("auto", "read_once", "read_all")
 """``CheckpointConfig.restore_mode`` values."""
-RESTORE_EXCHANGES = ("auto", "host", "device")
+RESTORE_EXCHANGES = ("auto", "host", "device", "node")
 """``CheckpointConfig.restore_exchange`` values."""
 ABANDONED_AFTER_S = 3600.0
 """``CheckpointConfig.abandoned_after_s`` and ``ckpt gc --older-than``: seconds untouched after which a
@@ -76,14 +76,17 @@ class CheckpointConfig:
     """``read_once``: each rank reads about 1/world of the replicated state from the files and the ranks
     exchange the rest over the checkpointer's gloo group (the filesystem sees each byte once).
     ``read_all``: every rank reads all of it (no network traffic; every host reads the whole checkpoint).
-    ``auto``: ``read_once`` when the ranks run on several hosts, ``read_all`` when they share one (its page
-    cache serves the bytes to every rank, and that is faster than the loopback exchange).
+    ``auto``: ``read_once`` when the ranks run on several hosts, or on one host with the ``node`` exchange (its
+    shared memory: faster than every rank reading every byte); ``read_all`` on one host otherwise (its page cache
+    serves the bytes to every rank, and that is faster than the loopback gloo exchange).
     Sharded (DTensor) state is always read by the ranks that need it, each byte range once."""
     restore_exchange: str = "auto"
-    """How ``read_once`` ranks exchange the bytes. ``host``: in host memory over the checkpointer's own gloo
+    """How ``read_once`` ranks exchange the bytes. ``node`` (every rank on one host): through a shared-memory
+    buffer in ``/dev/shm`` that each rank reads its part into and then copies whole (no socket; across hosts,
+    and where ``/dev/shm`` lacks room, it is ``host``). ``host``: in host memory over the checkpointer's own gloo
     group. ``device``: over the training (default) process group through buffers on its device, at most 1 GiB
-    of device memory at a time (under NCCL: NVLink/InfiniBand instead of TCP). ``auto``: ``device`` when the
-    default group is NCCL, else ``host``."""
+    of device memory at a time (under NCCL: NVLink/InfiniBand instead of TCP). ``auto``: ``node`` on one host;
+    across hosts ``device`` when the default group is NCCL, else ``host``."""
     local_every_steps: int = 0
     """The local tier (docs/checkpoint.md, "Tiers"): the Trainer saves every N steps to node-local storage, each
     rank's shard also copied to a rank on the next node (its partner); 0 = off. Used by the Trainer

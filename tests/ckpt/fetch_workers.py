@@ -10,6 +10,7 @@ import typing as tp
 import torch
 
 from hpctrain.ckpt import Checkpointer
+from hpctrain.ckpt._commit import _FIRED
 from tests.ckpt.workers import cfg
 
 SIZES = (37, 1000, 3001, 17, 5000, 1, 2048, 999)
@@ -56,6 +57,7 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
     out = []
     for d, mode, fault in jobs:
         if fault:
+            _FIRED.clear()  # each job's "raiseonce" fires once in it, whatever an earlier job fired
             os.environ["HPCTRAIN_CKPT_FAULT"] = fault
         mode, _, exchange = mode.partition("+")
         try:
@@ -72,7 +74,16 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
         exact = all(torch.equal(model[k], want_model[k]) for k in want_model)
         exact = exact and all(torch.equal(opt[k], want_opt[k]) for k in want_opt)
         out.append({"step": res.step, "quarantined": res.quarantined, "exact": exact})
+        if exchange == "node":  # the node exchange's buffer files: none left once the restore returned
+            out[-1]["node_files_left"] = _node_files(ck._comm.tag)
+            out[-1]["exchanges"] = ck._comm.exchanges
     return out
+
+
+def _node_files(tag: str) -> tp.List[str]:
+    from hpctrain.ckpt._fetch import NODE_DIR, NODE_PREFIX
+
+    return sorted(n for n in os.listdir(NODE_DIR) if n.startswith(f"{NODE_PREFIX}{tag}-"))
 
 
 def device_gather(rank: int, world: int, chunk: int, round_bytes: int) -> bool:
@@ -87,3 +98,58 @@ def device_gather(rank: int, world: int, chunk: int, round_bytes: int) -> bool:
     buf[rank * chunk : (rank + 1) * chunk] = part(rank)
     _gather_through_device(buf, chunk, rank, world, Route(None, torch.device("cpu")), round_bytes=round_bytes)
     return bool(torch.equal(buf, torch.cat([part(r) for r in range(world)])))
+
+
+class Keep:
+    """``load_state_dict`` that keeps the restored tensors (as an optimizer does its state)."""
+
+    def __init__(self, sd: tp.Dict[str, torch.Tensor]) -> None:
+        self.sd = sd
+
+    def state_dict(self) -> tp.Dict[str, torch.Tensor]:
+        return self.sd
+
+    def load_state_dict(self, sd: tp.Dict[str, torch.Tensor], strict: bool = True) -> None:
+        self.sd = dict(sd)
+
+
+def node_private(rank: int, world: int, d: str) -> tp.Dict[str, bool]:
+    """Restore through the node exchange keeping the tensors (views of the node's bytes), then each rank in turn
+    writes its own: no rank sees another's writes (the mapping is copy-on-write), every rank sees its own."""
+    import torch.distributed as dist
+
+    ck = Checkpointer(cfg(d, restore_mode="read_once", restore_exchange="node"))
+    model, opt, _ = state(999)
+    keep_opt = Keep(opt)
+    res = ck.restore(model=Holder(model), optimizer=keep_opt)
+    ck.close()
+    assert res is not None
+    want = state(res.step)[1]
+    got = keep_opt.sd
+    exact = all(torch.equal(got[k], want[k]) for k in want)
+    for turn in range(world):
+        if turn == rank:
+            for t in got.values():
+                t.add_(rank + 1)
+        dist.barrier()
+    own = all(torch.equal(got[k], want[k] + (rank + 1)) for k in want)
+    return {"exact": exact, "own_writes_only": own}
+
+
+def separate_node_dirs(rank: int, world: int, d: str, base: str) -> tp.Dict[str, tp.Any]:
+    """Restore through the node exchange where every rank has its own ``/dev/shm`` behind one host name (as
+    containers or machines that report the same name): no rank may read its part into memory the others do not
+    see; every rank falls back to gloo and the restore is exact."""
+    from hpctrain.ckpt import _fetch
+
+    _fetch.NODE_DIR = os.path.join(base, f"rank{rank}")
+    os.makedirs(_fetch.NODE_DIR, exist_ok=True)
+    ck = Checkpointer(cfg(d, restore_mode="read_once", restore_exchange="node"))
+    model, opt, _ = state(999)
+    res = ck.restore(model=Holder(model), optimizer=Holder(opt))
+    ck.close()
+    assert res is not None
+    want_model, want_opt, _ = state(res.step)
+    exact = all(torch.equal(model[k], want_model[k]) for k in want_model)
+    exact = exact and all(torch.equal(opt[k], want_opt[k]) for k in want_opt)
+    return {"step": res.step, "exact": exact, "left": os.listdir(_fetch.NODE_DIR)}

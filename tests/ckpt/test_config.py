@@ -80,7 +80,7 @@ def test_defaults():
         ({"lustre_stripe": "-c -1"}, "CheckpointConfig.lustre_stripe must be a tuple of strings"),
         ({"lustre_stripe": ("-c", 1)}, "CheckpointConfig.lustre_stripe must be a tuple of strings"),
         ({"restore_mode": "read_some"}, "CheckpointConfig.restore_mode must be one of auto, read_once, read_all"),
-        ({"restore_exchange": "nccl"}, "CheckpointConfig.restore_exchange must be one of auto, host, device"),
+        ({"restore_exchange": "nccl"}, "CheckpointConfig.restore_exchange must be one of auto, host, device, node"),
     ],
 )
 def test_each_field_is_checked_and_named_in_one_line(kw, message):

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import shutil
+import time
 import typing as tp
 from pathlib import Path
 
@@ -28,8 +30,9 @@ from tests.ckpt import fetch_workers as fw
 from tests.multiproc import run_world
 
 STEPS = list(range(1, 9))
-MODES = ("read_once", "read_all", "read_once+device")
-"""restore_mode, and "+device": the exchange through device buffers on the training group (CPU and gloo here)."""
+MODES = ("read_once", "read_all", "read_once+device", "read_once+node")
+"""restore_mode, and "+device": the exchange through device buffers on the training group (CPU and gloo here);
+"+node": through a shared-memory buffer of the node (every rank here is on one host)."""
 
 
 def _shard(step_dir: Path, i: int) -> Path:
@@ -113,15 +116,61 @@ def damaged(tmp_path_factory):
     shutil.copytree(root / "intact", root / "fault")
     jobs = [(str(root / m), m, "") for m in MODES]
     jobs.append((str(root / "fault"), "read_once", "restore_read:1:raiseonce"))
+    shutil.copytree(root / "intact", root / "fault-node")
+    jobs.append((str(root / "fault-node"), "read_once+node", "restore_read:1:raiseonce"))
+    shutil.copytree(root / "intact", root / "no-node-buffer")
+    jobs.append((str(root / "no-node-buffer"), "read_once+node", "node_buffer:1:raise"))
     two = run_world(fw.restore, 2, jobs).results
     return root, where, two
+
+
+def _outcome(r: tp.Dict[str, tp.Any]) -> tp.Dict[str, tp.Any]:
+    return {k: v for k, v in r.items() if k in ("step", "quarantined", "exact")}
 
 
 def test_a_flipped_byte_anywhere_fails_its_step_in_every_mode_and_exchange_on_two_ranks(damaged):
     _, where, two = damaged
     assert set(where) == set(KINDS)
     for job in range(len(MODES)):  # every damaged step quarantined, newest first, then step 1 exact
-        assert [r[job] for r in two] == [{"step": 1, "quarantined": STEPS[:0:-1], "exact": True}] * 2
+        assert [_outcome(r[job]) for r in two] == [{"step": 1, "quarantined": STEPS[:0:-1], "exact": True}] * 2
+
+
+def test_the_node_exchange_leaves_no_buffer_file_behind(damaged):
+    _, _, two = damaged
+    node_jobs = [j for j, m in enumerate(MODES) if m.endswith("+node")] + [len(MODES) + 1, len(MODES) + 2]
+    for job in node_jobs:
+        assert [r[job]["node_files_left"] for r in two] == [[], []]
+    # one node buffer per step read: 8 steps (7 quarantined); with the injected read error, 2 (one quarantined)
+    assert [r[node_jobs[0]]["exchanges"] for r in two] == [len(STEPS)] * 2
+    assert [r[len(MODES) + 1]["exchanges"] for r in two] == [2, 2]
+
+
+def test_a_rank_without_a_node_buffer_makes_every_rank_exchange_over_gloo(damaged):
+    _, _, two = damaged  # node_buffer:1:raise: rank 1 cannot have the buffer; both fall back, nothing quarantined
+    assert [_outcome(r[len(MODES) + 2]) for r in two] == [{"step": STEPS[-1], "quarantined": [], "exact": True}] * 2
+
+
+def test_tensors_restored_through_the_node_buffer_are_each_ranks_own(tmp_path):
+    run_world(fw.save, 3, str(tmp_path / "ck"), [1, 2])
+    assert run_world(fw.node_private, 3, str(tmp_path / "ck")).results == [{"exact": True, "own_writes_only": True}] * 3
+
+
+def test_the_node_exchange_removes_stale_buffer_files_of_dead_ranks(tmp_path):
+    from hpctrain.ckpt._fetch import NODE_DIR, NODE_PREFIX
+
+    run_world(fw.save, 2, str(tmp_path / "ck"), [1])
+    stale, fresh = f"{NODE_PREFIX}test-stale-{os.getpid()}", f"{NODE_PREFIX}test-fresh-{os.getpid()}"
+    for name in (stale, fresh):
+        Path(NODE_DIR, name).write_bytes(b"x")
+    old = time.time() - 3 * 3600
+    os.utime(Path(NODE_DIR, stale), (old, old))
+    try:
+        res = run_world(fw.restore, 2, [(str(tmp_path / "ck"), "read_once+node", "")]).results
+        assert [_outcome(r[0]) for r in res] == [{"step": 1, "quarantined": [], "exact": True}] * 2
+        assert not Path(NODE_DIR, stale).exists() and Path(NODE_DIR, fresh).exists()
+    finally:
+        for name in (stale, fresh):
+            Path(NODE_DIR, name).unlink(missing_ok=True)
 
 
 def test_a_flipped_byte_anywhere_fails_its_step_on_one_process(damaged):
@@ -134,7 +183,8 @@ def test_a_flipped_byte_anywhere_fails_its_step_on_one_process(damaged):
 
 def test_a_read_error_on_one_rank_makes_both_fall_back_together(damaged):
     _, _, two = damaged
-    assert [r[len(MODES)] for r in two] == [{"step": STEPS[-2], "quarantined": [STEPS[-1]], "exact": True}] * 2
+    for job in (len(MODES), len(MODES) + 1):  # gloo exchange, node exchange
+        assert [_outcome(r[job]) for r in two] == [{"step": STEPS[-2], "quarantined": [STEPS[-1]], "exact": True}] * 2
 
 
 def test_an_intact_checkpoint_restores_bit_exact_across_world_sizes(damaged):
@@ -203,11 +253,34 @@ def test_the_json_depth_from_bytes_agrees_with_the_tree_walk():
 def test_auto_mode_reads_once_across_hosts_and_all_on_one_host():
     assert resolve_mode("auto", hosts=1) == "read_all"
     assert resolve_mode("auto", hosts=2) == "read_once"
+    assert resolve_mode("auto", hosts=1, node=True) == "read_once"  # one host, its shared memory: read once
+    assert resolve_mode("read_all", hosts=1, node=True) == "read_all"
     assert [resolve_mode(m, hosts=h) for m in ("read_once", "read_all") for h in (1, 3)] == ["read_once"] * 2 + [
         "read_all"
     ] * 2
 
 
+class _Comm:
+    def __init__(self, hosts: int) -> None:
+        self.hosts, self.group = hosts, "ckpt-gloo"
+
+
+def test_auto_exchanges_through_the_node_on_one_host_and_over_gloo_across_hosts():
+    from hpctrain.ckpt._fetch import Route, route
+
+    assert route("auto", _Comm(1)) == Route("ckpt-gloo", None, node=True)
+    assert route("node", _Comm(1)) == Route("ckpt-gloo", None, node=True)
+    assert route("auto", _Comm(2)) == Route("ckpt-gloo", None)  # no process group here: gloo, host memory
+    assert route("node", _Comm(2)) == Route("ckpt-gloo", None)  # several hosts: the host route
+    assert route("host", _Comm(1)) == Route("ckpt-gloo", None)
+
+
 @pytest.mark.parametrize("round_bytes", [200, 1 << 30])  # 4 rounds (the last one short), and one
 def test_the_exchange_through_device_buffers_puts_every_byte_in_place(round_bytes):
     assert run_world(fw.device_gather, 3, 7 * 64, round_bytes).results == [True] * 3
+
+
+def test_ranks_behind_one_host_name_without_a_shared_dev_shm_fall_back_to_gloo(tmp_path):
+    run_world(fw.save, 3, str(tmp_path / "ck"), [1, 2])
+    got = run_world(fw.separate_node_dirs, 3, str(tmp_path / "ck"), str(tmp_path / "shm")).results
+    assert got == [{"step": 2, "exact": True, "left": []}] * 3

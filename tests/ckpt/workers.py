@@ -80,7 +80,8 @@ def state_hash(model: torch.nn.Module, opt: tp.Any = None, sched: tp.Any = None)
 
 def cfg(d: str, **kw: tp.Any) -> CheckpointConfig:
     kw.setdefault("agreement_timeout_s", 30.0)
-    # the multi-rank tests run on one host, where "auto" would pick read_all: they test the exchange
+    # the multi-rank tests run on one host; they test the read_once exchange whatever "auto" picks there (with
+    # the default restore_exchange "auto": the node's shared memory; tests/ckpt/fetch_workers.py takes "host")
     kw.setdefault("restore_mode", "read_once")
     return CheckpointConfig(dir=d, **kw)
 
