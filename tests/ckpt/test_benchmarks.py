@@ -66,6 +66,7 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
         "async_block_vs_dcp",
         "restore_vs_raw",
         "restore_vs_raw_own_read",
+        "restore_vs_raw_gloo",
         "restore_read_all_vs_raw_all",
         "restore_vs_dcp",
     ):
