@@ -149,9 +149,17 @@ def test_sweep_as_job_array_one_task_preempted_requeued_alone_bit_exact(tmp_path
     assert model_digest(vdir, STEPS) == model_digest(ref_dir, STEPS)  # bit-identical to the same task run uninterrupted
 
     # never more than 2 tasks at once: Slurm's own record of every run, and what squeue said while it ran
-    runs = _runs(array_id)
+    # slurmctld hands job records to slurmdbd through a queue: under load the requeued run's first record can land
+    # a few seconds after the job ended (seen once in a full suite: the victim's ledger had both attempts, sacct one)
+    want = [2 if t is victim else 1 for t in tasks]
+    settle = time.monotonic() + 30
+    while True:
+        runs = _runs(array_id)
+        if [len(runs.get(t["job_id"], [])) for t in tasks] == want or time.monotonic() > settle:
+            break
+        time.sleep(1)
     assert sorted(runs) == sorted(t["job_id"] for t in tasks), runs
-    assert [len(runs[t["job_id"]]) for t in tasks] == [2 if t is victim else 1 for t in tasks]
+    assert [len(runs[t["job_id"]]) for t in tasks] == want, runs
     assert _most_at_once(runs) <= 2, runs
     assert max(running_seen) <= 2, running_seen
 
