@@ -7,8 +7,10 @@ CPU caps for the validations that need a cluster behaving like one (:class:`Shap
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -16,7 +18,7 @@ import time
 import typing as tp
 from pathlib import Path
 
-__all__ = ["ROOT", "ENV", "wall", "free_port", "evict", "wait_job", "emit", "devcluster", "Shaper"]
+__all__ = ["ROOT", "ENV", "wall", "free_port", "evict", "wait_job", "emit", "devcluster", "Shaper", "signals_raise"]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "tests" / "cluster" / "devcluster"
@@ -108,3 +110,19 @@ class Shaper:
                     devcluster(*args)
                 except (subprocess.SubprocessError, OSError):
                     pass
+
+
+@contextlib.contextmanager
+def signals_raise() -> tp.Iterator[None]:
+    """SIGTERM and SIGHUP raise SystemExit (as Ctrl-C raises KeyboardInterrupt), so a benchmark's ``with`` blocks
+    (a throttle's cgroup, a mounted image, the dev cluster's shaping) are undone before the process ends."""
+
+    def stop(signum: int, frame: tp.Any) -> None:  # noqa: ARG001 - signal handler signature
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -31,11 +31,10 @@ Run directories go to a fresh ``OUT/<UTC time>/``. Needs the cluster (``tests/cl
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import math
 import os
 import shlex
-import signal
 import statistics
 import sys
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, Shaper, emit  # noqa: E402
+from benchmarks._common import ROOT, Shaper, emit, signals_raise  # noqa: E402
 from hpctrain.capacity import Targets, capacity_report, read_calibrations  # noqa: E402
 from hpctrain.capacity.cli import calibrate  # noqa: E402
 from hpctrain.capacity.fit import interconnect_from_probe  # noqa: E402
@@ -83,20 +82,6 @@ CONFIGS = {
         name="compute", model_args=["--hidden", "512", "--layers", "2"], global_batch=1536, link="1gbit", steps=80
     ),
 }
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> tp.Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the cluster's shaping is lifted and the running job cancelled."""
-
-    def handler(signum: int, frame: tp.Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _measured(run_dir: Path) -> tp.Dict[str, float]:
@@ -260,9 +245,9 @@ def validate(ns: argparse.Namespace, echo: tp.Callable[[str], None] = print) -> 
         assert held and all(len(h) == 2 and min(h) >= 1 for h in held)
     except (ValueError, AssertionError):
         raise SystemExit(f"capacity_validation: --held-out {ns.held_out!r}: give sizes like 3x1,4x1,2x2") from None
-    configs = [Config(**{**CONFIGS[n].__dict__, "sizes": CALIBRATE + held}) for n in names]  # type: ignore[arg-type]
+    configs = [dataclasses.replace(CONFIGS[n], sizes=CALIBRATE + held) for n in names]
     if ns.link:
-        configs = [Config(**{**c.__dict__, "link": ns.link}) if c.link else c for c in configs]
+        configs = [dataclasses.replace(c, link=ns.link) if c.link else c for c in configs]
     os.environ["PYTHONPATH"] = str(ROOT)  # the jobs run this checkout's hpctrain (sbatch exports the environment)
     out = Path(ns.out).resolve() / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True)
@@ -271,7 +256,7 @@ def validate(ns: argparse.Namespace, echo: tp.Callable[[str], None] = print) -> 
 
     make_dataset(data, 20000, shape=(64,))
     started = time.time()
-    with _sigterm_raises(), Shaper(not ns.no_shape, ns.cores_per_rank) as shaper:
+    with signals_raise(), Shaper(not ns.no_shape, ns.cores_per_rank) as shaper:
         runs = run_rounds(
             configs,
             out=out,

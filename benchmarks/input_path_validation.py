@@ -32,13 +32,11 @@ moved back after, also on failure, Ctrl-C or SIGTERM; a cgroup left by a killed 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, Shaper, emit, evict  # noqa: E402
+from benchmarks._common import ROOT, Shaper, emit, evict, signals_raise  # noqa: E402
 from hpctrain.capacity import Targets, capacity_report, read_calibrations  # noqa: E402
 from hpctrain.capacity.cli import calibrate  # noqa: E402
 
@@ -240,22 +238,6 @@ class Throttle:
         for pid, home in self.home.items():
             _move(pid, home if home.exists() else BLKIO)
         release_cgroup(self.cgroup)
-
-
-@contextlib.contextmanager
-def signals_raise() -> tp.Iterator[None]:
-    """SIGTERM and SIGHUP raise SystemExit (as Ctrl-C raises KeyboardInterrupt), so the ``with`` blocks above
-    restore the cgroup and unmount the image before the process ends."""
-
-    def stop(signum: int, frame: tp.Any) -> None:  # noqa: ARG001 - signal handler signature
-        raise SystemExit(128 + signum)
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 PROBE = r"""

@@ -20,54 +20,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiproc import free_port, report_to, run_roles
+from tests.train.in_job_workers import QUICK, launch, rank_context
 
 STEPS, KILL_AT, BATCH, MORE = 12, 7, 24, 3
 LOSS_RTOL = 1e-4
 """Relative tolerance on each step's global loss after the failure. Measured: below 1e-6 (docs/preemption.md)."""
-QUICK = {"collective_timeout_s": 20.0, "agree_timeout_s": 40.0, "dead_after_s": 1.0, "heartbeat_s": 0.1}
 
 
-def _fit(index, world, master_port, run_dir, h5, opts):
-    import datetime
-
+def _fit(role, index, world, master_port, run_dir, h5, opts):
     import torch
     import torch.distributed as dist
 
     from hpctrain.data import H5DataConfig
-    from hpctrain.launch.context import RunContext
-    from hpctrain.runtime.preemption import StopAgreement, StopSignals
     from hpctrain.runtime.recovery import RecoveryConfig
     from hpctrain.train import CheckpointPolicy, MetricsConfig, TrainConfig, Trainer
     from hpctrain.train.in_job import InJob
 
-    torch.set_num_threads(1)
-    dist.init_process_group(  # what the Runner does before the entry
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{master_port}",
-        rank=index,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    ctx = RunContext(
-        rank=index,
-        local_rank=0,
-        world_size=world,
-        local_world_size=1,
-        node_rank=0,
-        num_nodes=world,
-        master_addr="127.0.0.1",
-        master_port=master_port,
-        job_id="t32s",
-        restart_count=opts.get("restart_count", 0),
-        hostnames=("host",),
-        launcher="single",
-        run_dir=Path(run_dir),
-        device=torch.device("cpu"),
-        backend="gloo",
-        hostname="host",
-        stop=StopAgreement(StopSignals()),
-    )
+    ctx = rank_context(role, index, world, master_port, run_dir, job_id="t32s",
+                       restart_count=opts.get("restart_count", 0))  # fmt: skip
     calls: tp.List[tp.Tuple[tp.List[int], float, int]] = []  # this rank's training forwards
     steps: tp.List[tp.Dict[str, tp.Any]] = []  # per optimizer step: its last forward, at this rank and world
 
@@ -113,20 +83,8 @@ def _fit(index, world, master_port, run_dir, h5, opts):
     return {"step": result.step, "start_step": result.start_step, "steps": steps}
 
 
-def _process(role, index, world, master_port, store_port, run_dir, h5, opts, out):  # pragma: no cover - child
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-    os.environ["HPCTRAIN_RECOVERY_STORE"] = f"127.0.0.1:{store_port}"
-    report_to(out, lambda: _fit(index, world, master_port, run_dir, h5, opts))
-
-
 def _launch(world: int, run_dir: Path, h5: str, opts: tp.Dict[str, tp.Any], timeout: float = 150.0):
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    who = [("rank", r) for r in range(world)]
-    got = run_roles(_process, who, (world, free_port(), store.port, str(run_dir), h5, opts), timeout=timeout)
-    del store
-    return got
+    return launch(_fit, world, 0, run_dir, h5, opts, timeout)
 
 
 def _per_step(results: tp.Mapping[tp.Any, tp.Any]) -> tp.Dict[int, tp.Dict[str, tp.Any]]:
