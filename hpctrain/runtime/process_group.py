@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from hpctrain._cuda import CudaRuntime
 from hpctrain.defaults import DEFAULT_DIST_TIMEOUT_S
+from hpctrain.runtime import gloo_teardown
 from hpctrain.runtime.env import DistEnv, DistEnvError
 
 __all__ = [

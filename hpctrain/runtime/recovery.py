@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 from hpctrain.errors import InJobRecoveryFallback
 from hpctrain.ledger import Ledger
+from hpctrain.runtime import gloo_teardown
 from hpctrain.runtime.preemption import is_peer_failure
 from hpctrain.runtime.recovery_config import RecoveryConfig
 from hpctrain.runtime.shrink import renumbered, smaller_world
@@ -199,6 +200,8 @@ class InJobRecovery:
         """This process's recoveries, each the ledger record (every rank keeps it; the source writes it)."""
         self._pending: tp.Optional[tp.Dict[str, tp.Any]] = None
         self._pairs: tp.Dict[int, int] = {}
+        self._left_groups: tp.List[tp.Any] = []
+        """Broken generations' gloo groups, held until :meth:`close` (see :mod:`~hpctrain.runtime.gloo_teardown`)."""
         self._on_group, self._connected = on_group, False
         self._can_shrink, self._on_world = can_shrink, on_world
         self._heartbeat = _Heartbeat(host, port, self.uid, config.heartbeat_s)
@@ -292,8 +295,11 @@ class InJobRecovery:
 
     def close(self) -> None:
         self._heartbeat.stop()
+        groups, self._left_groups = self._left_groups + gloo_teardown.hold_groups(), []
         if dist.is_initialized():
             dist.destroy_process_group()
+        # a broken generation's collective may still be timing out (a frozen peer): freed once its workers rest
+        gloo_teardown.release_when_idle(groups, 2 * self.config.collective_timeout_s)
 
     # ---------------------------------------------------------------------------------- warm spares
     def stand_by(self, on_rank: tp.Optional[tp.Callable[[int], None]] = None) -> tp.Optional[Recovered]:
@@ -363,6 +369,9 @@ class InJobRecovery:
                         dist.distributed_c10d._abort_process_group()
                     else:
                         _close_for_peers(self._pairs)
+                        # held: the caller's old DDP wrapper is freed on the main thread while this group's
+                        # workers may still finish a failed collective (the teardown deadlock)
+                        self._left_groups.extend(gloo_teardown.hold_groups())
                         dist.destroy_process_group()
             except Exception as exc:  # noqa: BLE001 - reported as the fallback's reason
                 failure.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
