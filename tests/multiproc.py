@@ -60,10 +60,10 @@ def _worker(fn, rank, world_size, port, out_dir, init_pg, env, args):  # pragma:
         payload = ("error", f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     finally:
         if init_pg:
-            import torch.distributed as dist
+            # hpctrain's: frees the groups once their gloo workers rest (hpctrain.runtime.gloo_teardown)
+            from hpctrain.runtime.process_group import destroy_process_group
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            destroy_process_group(synchronize=False)
     out.write_bytes(pickle.dumps(payload))
     os._exit(0 if payload[0] == "ok" else 1)
 

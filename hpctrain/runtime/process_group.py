@@ -174,12 +174,18 @@ def destroy_process_group(*, synchronize: bool = True) -> None:
     ``synchronize``: barrier first, so rank 0 (which hosts the rendezvous store) is the last to
     leave; a peer whose store vanishes under it can abort at exit ("terminate called without an
     active exception"). Pass False on an error path, where a barrier could wait for a dead rank.
+    The groups are freed only once their gloo workers rest (:mod:`~hpctrain.runtime.gloo_teardown`: else a
+    DDP wrapper freed later can hang the process).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
     if synchronize:
         dist.barrier()
+    groups = gloo_teardown.hold_groups()
     dist.destroy_process_group()
+    # after the barrier every work is done and a worker may only need the GIL; on an error path one may still
+    # wait for a dead peer: held to the end of the process rather than waited for here
+    gloo_teardown.release_when_idle(groups, 30.0 if synchronize else 1.0)
 
 
 def wrap_ddp(model: torch.nn.Module, device: torch.device, **ddp_kwargs: tp.Any) -> torch.nn.Module:
