@@ -17,7 +17,9 @@ Warm spares (``--warm-spares``, :mod:`hpctrain.launch.warm_spares`): the loop al
 for each step and runs warm spare processes on the spare nodes beside it, so that a rank's process that dies is
 replaced inside the step (the Trainer's ``TrainConfig.recovery``); the training step then runs with
 ``--kill-on-bad-exit=0``. A step whose tasks did not all exit 0 but whose deciding rank recorded a finished run
-(one task was replaced in the job) ends the loop with 0.
+(one task was replaced in the job) ends the loop with 0. ``--in-job-recovery`` (``--spares 0`` allowed): the
+same store and ``--kill-on-bad-exit=0`` with no warm spares, so the survivors of a dead rank go on at a smaller
+world inside the step (``RecoveryConfig(shrink=True)``).
 
 Attempt numbers: every step the loop starts gets one (:data:`hpctrain.runtime.env.ATTEMPT_ENV`), one more
 than the highest attempt of this job in the run directory and never below ``SLURM_RESTART_COUNT``, so that
@@ -94,6 +96,7 @@ class SpareLoop:
         run_step: tp.Optional[tp.Callable[[tp.List[str], tp.Dict[str, str]], int]] = None,
         exit_wait_s: float = 15.0,
         warm_spares: bool = False,
+        in_job_recovery: bool = False,
         make_spares: tp.Optional[tp.Callable[..., tp.Any]] = None,
     ) -> None:
         from hpctrain._slurm import SlurmCommands
@@ -108,6 +111,7 @@ class SpareLoop:
         self.bad: tp.List[str] = []
         self.used = 0
         self.warm_spares = warm_spares
+        self.in_job_recovery = in_job_recovery or warm_spares  # the store served, the step kept past a dead task
         self.make_spares = make_spares  # a test's fake WarmSpares; None: hpctrain.launch.warm_spares
 
     def job_nodes(self) -> tp.List[str]:
@@ -168,11 +172,10 @@ class SpareLoop:
             self._log(f"step of attempt {attempt} failed on {','.join(suspects)}: restarting without it")
 
     def _warm(self, hosts: tp.Sequence[str]) -> tp.Any:
-        if not self.warm_spares:
+        if not self.in_job_recovery:
             return None
-        if not hosts:
-            self._log("no spare node left for warm spares: in-job recovery falls back to a restart")
-            return None
+        if self.warm_spares and not hosts:
+            self._log("no spare node left for warm spares: in-job recovery without spares (RecoveryConfig.shrink)")
         from hpctrain.launch.warm_spares import WarmSpares
 
         make = self.make_spares or WarmSpares
@@ -262,6 +265,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         action="store_true",
         help="run warm spares on the spare nodes and serve in-job recovery's store (TrainConfig.recovery)",
     )
+    parser.add_argument(
+        "--in-job-recovery",
+        action="store_true",
+        help="serve in-job recovery's store and keep the step past a dead task, with no warm spares",
+    )
     args, rest = parser.parse_known_args(argv)
     if rest[:1] == ["--"]:
         rest = rest[1:]
@@ -278,6 +286,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         spares=args.spares,
         srun=rest,
         warm_spares=args.warm_spares,
+        in_job_recovery=args.in_job_recovery,
     )
     return loop.run()
 

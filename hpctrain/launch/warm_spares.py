@@ -14,7 +14,10 @@ process on the batch host for the whole job, does three more things around each 
   it; one that does not end in ``wait_s`` is terminated, so a restart on the spare node finds it free.
 
 The training step is started with ``--kill-on-bad-exit=0``: a task that dies must not take the survivors with
-it. torch is imported here only to serve the store (the loop itself stays stdlib-only).
+it. With ``--in-job-recovery`` (no spare nodes), or once the spare nodes are used, there are no hosts: only the
+store is served, and a dead rank is dropped by the survivors (the smaller world, ``RecoveryConfig.shrink``) or
+ends the step through the Trainer's fallback line. torch is imported here only to serve the store (the loop
+itself stays stdlib-only).
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ class WarmSpares:
         address = f"{host}:{self.store.port}"
         env = dict(env, **{STORE_ENV: address, SPARES_ENV: str(self.count)})
         # their own log files: submitit's --output DIR/%j_%t_log.out would put spare 0 into rank 0's
+        if not self.hosts:
+            _log(f"no warm spares; recovery store {address}")
+            return env
         mine = [a.replace("%t", "spare%t") for a in srun]
         argv = step_argv(mine, nodes=len(self.hosts), tasks_per_node=self.tasks_per_node, hosts=self.hosts)
         spare_env = dict(env, **{SPARE_ENV: "task", WORLD_ENV: str(self.world_size)})

@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --spare-nodes: run warm spare processes on the spare nodes and serve in-job recovery's store, "
         "so that a dead rank's process is replaced inside the step (TrainConfig.recovery; docs/preemption.md)",
     )
+    s.add_argument(
+        "--in-job-recovery",
+        action="store_true",
+        help="serve in-job recovery's store and keep the step running when a task dies, without spare nodes: the "
+        "survivors go on at a smaller world (RecoveryConfig(shrink=True)) or fall back to the restart",
+    )
     s.add_argument("--cluster", choices=("auto", "slurm", "local"), help="auto: Slurm when sbatch is on PATH (default)")
     c = p.add_argument_group("container (docs/submit.md, Containers)")
     c.add_argument(

@@ -112,7 +112,13 @@ class SubmitConfig:
     """With ``spare_nodes``: warm spare processes on the spare nodes and in-job recovery's store served by the
     batch script (``--warm-spares``), so that a rank's process that dies is replaced inside the step with the
     state from a survivor's memory (the Trainer's ``TrainConfig.recovery``; docs/preemption.md, "In-job
-    recovery")."""
+    recovery"). Implies ``in_job_recovery``."""
+    in_job_recovery: bool = False
+    """In-job recovery's store served by the batch script and the training step kept running when one of its
+    tasks dies (``--in-job-recovery``), so that the Trainer's ``TrainConfig.recovery`` recovers inside the step:
+    from warm spares with ``warm_spares``, else (or once they are used) at a smaller world with
+    ``RecoveryConfig(shrink=True)``, else its fallback line and the restart (docs/preemption.md, "In-job
+    recovery"). Needs no spare node."""
     cluster: str = "auto"
     """``slurm``, ``local`` (submitit's local executor, same number of processes), or ``auto``:
     Slurm when ``sbatch`` is on PATH (``--cluster``)."""
@@ -188,7 +194,11 @@ class SubmitConfig:
         check_bool(self, "exclude_stragglers", self.exclude_stragglers)
         check_bool(self, "warm_spares", self.warm_spares)
         if self.warm_spares and not self.spare_nodes:
-            raise UsageError("--warm-spares needs spare nodes to run the spares on: add --spare-nodes K")
+            raise UsageError(
+                "--warm-spares needs spare nodes to run the spares on: add --spare-nodes K, or use --in-job-recovery "
+                "(no spares: the smaller world)"
+            )
+        check_bool(self, "in_job_recovery", self.in_job_recovery)
         check_int(self, "signal_lead", self.signal_lead, max=MAX_INT, none_ok=True)
         limit = parse_time(self.time)
         if self.signal_lead is not None and not 0 < self.signal_lead < limit:

@@ -53,21 +53,28 @@ def slurm_parameters(
     if cfg.mem is not None:
         # Passed through unchanged ("16G"): submitit's own `mem` wants float GB and rewrites it.
         params["additional_parameters"]["mem"] = cfg.mem
-    if cfg.spare_nodes:
+    if cfg.spare_nodes or cfg.in_job_recovery:
         if run_dir is None:
-            raise ValueError("slurm_parameters: a job with spare nodes needs run_dir")
-        # --no-kill: a failed node leaves the allocation instead of ending it. submitit writes one
-        # `srun ... python -m submitit.core._submit` line; this shell function puts the in-job restart loop
-        # in front of it (the loop runs the real srun binary, sized to cfg.nodes, on healthy nodes).
-        params["additional_parameters"]["no_kill"] = True
+            raise ValueError("slurm_parameters: a job with spare nodes or in-job recovery needs run_dir")
+        # submitit writes one `srun ... python -m submitit.core._submit` line; this shell function puts the
+        # in-job restart loop in front of it (the loop runs the real srun binary, sized to cfg.nodes, on healthy
+        # nodes; with in-job recovery it also serves the recovery store for each step).
+        if cfg.spare_nodes:
+            params["additional_parameters"]["no_kill"] = True  # a failed node leaves the allocation, not ends it
+        mode = ["--warm-spares"] if cfg.warm_spares else ["--in-job-recovery"] if cfg.in_job_recovery else []
         loop = [
             shlex.quote(python),
             "-m hpctrain.launch.spares",
             f"--nodes {cfg.nodes} --tasks-per-node {cfg.ntasks_per_node} --spares {cfg.spare_nodes}",
             f"--run-dir {shlex.quote(str(run_dir))}",
-        ] + (["--warm-spares"] if cfg.warm_spares else [])
+        ] + mode
+        what = (
+            f"{cfg.spare_nodes} spare node(s)"
+            if cfg.spare_nodes
+            else "in-job recovery (no spare node: the smaller world)"
+        )
         params["setup"] = [
-            f"# {cfg.spare_nodes} spare node(s): the srun below runs through hpctrain's in-job restart loop",
+            f"# {what}: the srun below runs through hpctrain's in-job restart loop",
             f'srun() {{ {" ".join(loop)} -- srun "$@"; }}',
         ]
     if cfg.stage:

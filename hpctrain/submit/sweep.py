@@ -99,8 +99,9 @@ def submit_sweep_cli(
         raise UsageError(
             "--follow follows one job; a sweep is many: see them with python -m hpctrain runs --sweep SWEEP_DIR"
         )
-    if cfg.spare_nodes:
-        raise UsageError("--spare-nodes is not supported with --sweep (the in-job restart loop runs one run per job)")
+    if cfg.spare_nodes or cfg.in_job_recovery:
+        flag = "--spare-nodes" if cfg.spare_nodes else "--in-job-recovery"
+        raise UsageError(f"{flag} is not supported with --sweep (the in-job restart loop runs one run per job)")
     if cluster != "slurm" and not dry_run:
         raise UsageError("--sweep submits a Slurm job array: run it where sbatch is on PATH (--cluster slurm)")
     parallelism = plan.parallelism(getattr(ns, "max_parallel", None))

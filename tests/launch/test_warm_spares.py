@@ -32,9 +32,12 @@ class _Spares:
         self.ended = True
 
 
-def _loop(run_dir: Path, rcs: tp.List[int], *, finished: bool) -> tp.Tuple[SpareLoop, tp.List[tp.Any]]:
+def _loop(
+    run_dir: Path, rcs: tp.List[int], *, finished: bool, spares: int = 1, **mode: bool
+) -> tp.Tuple[SpareLoop, tp.List[tp.Any]]:
     slurm = FakeSlurm()
-    slurm.jobs["7"] = {"JobState": "RUNNING", "Restarts": "0", "NodeList": "node[1-3]", "NumNodes": "3"}
+    nodes = "node[1-3]" if spares else "node[1-2]"
+    slurm.jobs["7"] = {"JobState": "RUNNING", "Restarts": "0", "NodeList": nodes, "NumNodes": str(2 + spares)}
     steps: tp.List[tp.Any] = []
 
     def run_step(argv, env):
@@ -43,9 +46,9 @@ def _loop(run_dir: Path, rcs: tp.List[int], *, finished: bool) -> tp.Tuple[Spare
             Ledger(run_dir).append({"event": "exit", "job_id": "7", "restart_count": 0, "cause": "finished"})
         return rcs[len(steps) - 1]
 
-    loop = SpareLoop(run_dir=run_dir, nodes=2, tasks_per_node=2, spares=1, srun=["srun", "cmd"], slurm=slurm,
-                     environ=ENV, run_step=run_step, exit_wait_s=0.2, warm_spares=True,
-                     make_spares=_Spares)  # fmt: skip
+    loop = SpareLoop(run_dir=run_dir, nodes=2, tasks_per_node=2, spares=spares, srun=["srun", "cmd"], slurm=slurm,
+                     environ=dict(ENV, SLURM_JOB_NODELIST=nodes), run_step=run_step, exit_wait_s=0.2,
+                     make_spares=_Spares, **(mode or {"warm_spares": True}))  # fmt: skip
     return loop, steps
 
 
@@ -60,6 +63,33 @@ def test_the_training_step_keeps_running_past_a_dead_task_and_a_finished_run_is_
     (spares,) = _Spares.made
     assert spares.hosts == ["node3"] and spares.world_size == 4 and spares.ended
     assert spares.argv[:5] == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--nodelist=node3"]
+
+
+def test_in_job_recovery_without_spare_nodes_serves_the_store_and_keeps_the_step_past_a_dead_task(tmp_path):
+    """``--in-job-recovery``: no spare node, no spare step; the survivors may go on at a smaller world."""
+    _Spares.made.clear()
+    loop, steps = _loop(tmp_path, [137], finished=True, spares=0, in_job_recovery=True)
+    assert loop.run() == 0
+    ((argv, env),) = steps
+    assert argv[5] == "--kill-on-bad-exit=0" and env["HPCTRAIN_RECOVERY_STORE"] == "node1:4242"
+    (spares,) = _Spares.made
+    assert spares.hosts == [] and spares.world_size == 4 and spares.ended
+
+
+def test_without_in_job_recovery_the_step_is_plain(tmp_path):
+    _Spares.made.clear()
+    loop, steps = _loop(tmp_path, [0], finished=False, spares=0, in_job_recovery=False)
+    assert loop.run() == 0
+    ((argv, env),) = steps
+    assert "--kill-on-bad-exit=0" not in argv and "HPCTRAIN_RECOVERY_STORE" not in env and not _Spares.made
+
+
+def test_a_store_without_spares_starts_no_spare_step(tmp_path, capfd):
+    warm = WarmSpares(hosts=[], tasks_per_node=2, world_size=4)
+    env = warm.start(["false-srun-never-run"], {}, step_argv)
+    assert env["HPCTRAIN_RECOVERY_SPARES"] == "0" and env["HPCTRAIN_RECOVERY_STORE"].endswith(f":{warm.store.port}")
+    assert warm.proc is None and warm.end() is None
+    assert "no warm spares; recovery store" in capfd.readouterr().err
 
 
 def test_a_failed_run_is_still_a_failure(tmp_path):

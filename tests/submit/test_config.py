@@ -55,6 +55,8 @@ def test_derived_values():
         ({"partition": "debug;reboot"}, "--partition"),
         ({"nodes": "2"}, "--nodes '2' must be an integer"),
         ({"entry_args": ["ok", "bad\nline"]}, "control characters"),
+        ({"warm_spares": True}, "--warm-spares needs spare nodes .* or use --in-job-recovery"),
+        ({"in_job_recovery": "yes"}, "--in-job-recovery .yes. must be True or False"),
     ],
 )
 def test_validation_names_the_option(kwargs, message):

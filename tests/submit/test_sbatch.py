@@ -113,3 +113,21 @@ def test_spare_nodes_script_runs_the_training_srun_through_the_restart_loop(tmp_
     # after --: submitit's own srun line, unchanged
     assert argv[sep + 1 : sep + 3] == ["srun", "--unbuffered"] and argv[-3:] == ["-m", "submitit.core._submit",
                                                                                  str(run_dir / "logs")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "mode", "no_kill"),
+    [
+        ({"in_job_recovery": True}, "--in-job-recovery", False),  # no spare node: the smaller world
+        ({"spare_nodes": 1, "warm_spares": True}, "--warm-spares", True),
+        ({"spare_nodes": 1, "warm_spares": True, "in_job_recovery": True}, "--warm-spares", True),
+    ],
+)
+def test_in_job_recovery_runs_the_step_through_the_loop_with_or_without_spare_nodes(tmp_path, kwargs, mode, no_kill):
+    run_dir = tmp_path / "run"
+    cfg = SubmitConfig(nodes=2, tasks_per_node=2, run_dir=str(run_dir), entry="a:b", **kwargs)
+    text = render_sbatch(cfg, folder=run_dir / "logs", python="py", run_dir=run_dir)
+    (loop,) = [line for line in text.splitlines() if line.startswith("srun() {")]
+    assert "-m hpctrain.launch.spares" in loop and loop.split(" -- ")[0].endswith(mode), loop
+    assert ("#SBATCH --no-kill" in text) is no_kill
+    assert f"#SBATCH --nodes={2 + cfg.spare_nodes}" in text
