@@ -44,6 +44,8 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--hang-at", type=int, default=0, help="attempt 0: rank 1 sleeps for good at this call (a hang)")
     p.add_argument("--recovery", action="store_true", help="TrainConfig.recovery on (with --warm-spares: its spares)")
     p.add_argument("--kill-rank3-at", type=int, default=0, help="attempt 0: rank 3 SIGKILLs itself at this call")
+    p.add_argument("--shrink", action="store_true", help="with --recovery: RecoveryConfig(shrink=True)")
+    p.add_argument("--log-loss", action="store_true", help="each call's loss to samples/r<restart>-rank<R>.loss.jsonl")
     return p.parse_args(list(args))
 
 
@@ -58,6 +60,8 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     samples_dir = ctx.run_dir / "samples"
     samples_dir.mkdir(exist_ok=True)
     log = open(samples_dir / f"r{ctx.restart_count}-rank{ctx.rank}.jsonl", "a", buffering=1)
+    # a separate file: the tests count the records of the samples file as computed steps
+    losses = open(samples_dir / f"r{ctx.restart_count}-rank{ctx.rank}.loss.jsonl", "a", buffering=1)
     calls = [0]
 
     if opts.kill_in_save and ctx.restart_count == 0 and ctx.rank == 1:
@@ -88,7 +92,10 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         if ctx.rank == 1 and opts.hang_at and ctx.restart_count == 0 and calls[0] == opts.hang_at:
             log.write(json.dumps({"hang": time.time()}) + "\n")  # when the hang began, for the measured figure
             time.sleep(24 * 3600)
-        return torch.nn.functional.cross_entropy(model(batch["x"].float()), batch["y"].long())
+        loss = torch.nn.functional.cross_entropy(model(batch["x"].float()), batch["y"].long())
+        if opts.log_loss:
+            losses.write(json.dumps({"call": calls[0], "loss": float(loss), "n": len(batch["index"])}) + "\n")
+        return loss
 
     config = TrainConfig(
         steps=opts.steps,
@@ -104,7 +111,8 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             ),
         ),
         metrics=MetricsConfig(display=True),
-        recovery=RecoveryConfig() if opts.recovery else None,  # its spares: what the batch script started
+        # its spares: what the batch script started
+        recovery=RecoveryConfig(shrink=opts.shrink) if opts.recovery else None,
     )
     data = H5DataConfig(
         files=(opts.data,), keys=("x", "y"), global_batch_size=opts.batch, num_workers=opts.workers, seed=3
@@ -119,4 +127,5 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
     )
     fit = trainer.fit()
     log.close()
+    losses.close()
     return {"step": fit.step, "stopped": fit.stopped}

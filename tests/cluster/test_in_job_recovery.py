@@ -69,3 +69,76 @@ def test_a_killed_rank_is_replaced_by_a_warm_spare_inside_the_step(tmp_path):
     if os.environ.get("HPCTRAIN_FIGURES"):
         with open(os.environ["HPCTRAIN_FIGURES"], "a") as f:
             f.write(json.dumps(fig) + "\n")
+
+
+SHRINK_BATCH = 24  # divisible by 4 and by 3: the smaller world of 3 ranks takes it, 8 samples a rank
+LOSS_RTOL = 1e-4  # tests/train/test_in_job_shrink.py's tolerance and its reasoning (docs/preemption.md)
+
+
+def _per_step(run_dir: tp.Any, ranks: tp.Sequence[int], suffix: str = "") -> tp.Dict[int, tp.List[tp.Any]]:
+    """Attempt 0's records by call, each call's ranks in rank order."""
+    out: tp.Dict[int, tp.List[tp.Any]] = {}
+    for r in ranks:
+        path = run_dir / "samples" / f"r0-rank{r}{suffix}.jsonl"
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if "call" in rec:
+                out.setdefault(rec["call"], []).append(rec)
+    return out
+
+
+def test_without_a_spare_node_the_survivors_go_on_at_a_smaller_world_inside_the_step(tmp_path):
+    """``--in-job-recovery`` with no spare node and ``RecoveryConfig(shrink=True)``: rank 3's process SIGKILLed at
+    its 30th step, ranks 0-2 go on at a world of 3 in the same job and attempt, each step with the same samples in
+    the same slot order as the uninterrupted 4-rank run and its loss within LOSS_RTOL."""
+    write_data(tmp_path / "data.h5", 256)
+    common = ["--data", str(tmp_path / "data.h5"), "--batch", str(SHRINK_BATCH), "--steps", str(STEPS),
+              "--ckpt-every", "20", "--log-loss"]  # fmt: skip
+    ref, run_dir = tmp_path / "ref", tmp_path / "shrink"
+    ref_job = _submit(ref, args=common)
+    args = [*common, "--sleep", "0.1", "--recovery", "--shrink", "--kill-rank3-at", str(KILL_AT)]
+    job = _submit(run_dir, "--in-job-recovery", args=args)
+    try:
+        _wait("the recovery", lambda: _records(run_dir, "in_job_recovery"), timeout=240)
+        load = os.getloadavg()[0]
+        assert wait_final(job, timeout=300) == "COMPLETED"
+        assert wait_final(ref_job, timeout=120) == "COMPLETED"
+    finally:
+        subprocess.run(["scancel", job, ref_job], capture_output=True)
+    (record,) = _records(run_dir, "in_job_recovery")
+    assert record["failed_ranks"] == [3] and record["fallback"] is None, record
+    assert record["elastic"] and record["world_size"] == 3 and record["replaced"] == []
+    assert record["agreed_step"] == KILL_AT - 1 and record["steps_redone"] == 1
+    assert _restarts(job) == 0 and _records(run_dir, "in_job_restart") == []
+    assert [s["restart_count"] for s in _starts(run_dir)] == [0]
+    assert [(e["restart_count"], e["cause"]) for e in _exits(run_dir)] == [(0, "finished")]
+
+    # the survivors' call KILL_AT was the interrupted step (begun, never completed); call c > KILL_AT is step c - 1
+    # (rank 3's files hold its steps before the kill, and the call KILL_AT it was killed in)
+    want, got = _per_step(ref, range(4)), _per_step(run_dir, range(4))
+    want_loss, got_loss = _per_step(ref, range(4), ".loss"), _per_step(run_dir, range(4), ".loss")
+    assert sorted(got) == list(range(1, STEPS + 2))
+    worst = 0.0
+    for step in range(1, STEPS + 1):
+        call = step if step < KILL_AT else step + 1
+        assert [i for r in got[call] for i in r["index"]] == [i for r in want[step] for i in r["index"]], step
+        assert [len(r["index"]) for r in got[call]] == [SHRINK_BATCH // (4 if step < KILL_AT else 3)] * len(got[call])
+        loss = sum(r["loss"] * r["n"] for r in got_loss[call]) / SHRINK_BATCH
+        ref_loss = sum(r["loss"] * r["n"] for r in want_loss[step]) / SHRINK_BATCH
+        assert loss == pytest.approx(ref_loss, rel=LOSS_RTOL), step
+        worst = max(worst, abs(loss - ref_loss) / abs(ref_loss))
+    assert model_digest(run_dir, STEPS)  # the smaller world committed the last step (not bit-equal: see the docs)
+
+    (killed,) = [c["killed"] for c in _calls(run_dir, 0, rank=3) if "killed" in c]
+    fig = {
+        "run": "smaller world (no spare)",
+        "failure_to_first_step_s": round(record["failure_to_first_step_s"], 2),
+        "kill_to_first_step_s": round(record["first_step_at"] - killed, 2),
+        "phases_s": {k: round(v, 3) for k, v in record["phases_s"].items() if v is not None},
+        "worst_loss_rel_diff": worst,
+        "load_average_1m": round(load, 2),
+    }
+    print(f"figures {json.dumps(fig)}")
+    if os.environ.get("HPCTRAIN_FIGURES"):
+        with open(os.environ["HPCTRAIN_FIGURES"], "a") as f:
+            f.write(json.dumps(fig) + "\n")
