@@ -165,15 +165,14 @@ class InJob:
     def resized(self, rec: tp.Any, records: tp.Any, evaluator: tp.Any) -> None:
         """After a recovery at a smaller world, in the loop: the metrics recorder, the ledger writer and the
         evaluator at this process's new rank and world size (rank 0 writes the metrics from here on)."""
-        from hpctrain.ledger import Ledger
         from hpctrain.rundir import RunDir
 
         t = self.trainer
         rec.rank, rec.world_size = t.rank, t.world_size
         if t.rank == 0 and rec.path is None:
             rec.path = RunDir(t.run_dir).metrics
-        if t.rank == 0 and records.ledger is None:
-            records.ledger = Ledger(t.run_dir)
+        if t.rank == 0:
+            records.became_rank_0()  # the attempt's end is this process's to write now
         if evaluator is not None:
             evaluator.close()  # its loader is rebuilt at the new rank and size on the next evaluation
             evaluator.world_size = t.world_size

@@ -113,6 +113,13 @@ class AttemptRecords:
         self.ledger.append(record)
         self.started = True
 
+    def became_rank_0(self) -> None:
+        """This process became rank 0 inside the job (a warm spare took rank 0's place, or the smaller world
+        renumbered it): the dead rank 0 wrote the attempt's ``start``, so this one writes its ``end``."""
+        if self.ledger is None:
+            self.ledger = Ledger(self.run_dir)
+            self.started = True
+
     def first_step(self) -> None:
         """After the first step of the attempt, on every rank (a collective): rank 0's ``startup`` record, the
         whole start-up profile (the wait for the slowest rank and the first step added)."""

@@ -181,6 +181,8 @@ class Trainer:
         if spare and joined is None:  # released at the end of a run that did not need this spare
             self.in_job.finish()  # type: ignore[union-attr]
             return FitResult(0, 0, None, 0, None, None, False, time.perf_counter() - t_fit, built.module)
+        if joined is not None and self.rank == 0:
+            records.became_rank_0()  # a spare in rank 0's place: the attempt's end is its to write
         evaluator = (
             Evaluator(
                 self.eval_data,
