@@ -11,6 +11,7 @@ float sums run in another order, see docs/preemption.md, "At a smaller world"). 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -65,8 +66,12 @@ def _fit(role, index, world, master_port, run_dir, h5, opts):
 
         InJob._on_world = dying
     recovery = RecoveryConfig(**{**QUICK, **opts.get("config", {})}, shrink=True) if opts.get("recovery") else None
+    data = H5DataConfig(files=(h5,), keys=("x", "y"), global_batch_size=BATCH, num_workers=0)
+    # the whole file, in order, every time: the same samples whatever the world size
+    eval_data = dataclasses.replace(data, shuffle=False, tail="exact") if opts.get("eval") else None
     config = TrainConfig(
         steps=opts.get("steps", STEPS),
+        eval_every=4 if eval_data is not None else 0,
         log_every=4,
         checkpoint=CheckpointPolicy(every_steps=5),
         metrics=MetricsConfig(display=False),
@@ -78,7 +83,8 @@ def _fit(role, index, world, master_port, run_dir, h5, opts):
         model=lambda: torch.nn.Sequential(torch.nn.Linear(3 * 4 * 4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)),
         optimizer=lambda p: Recorded(p, lr=0.05, momentum=0.9),
         loss_fn=loss_fn,
-        data=H5DataConfig(files=(h5,), keys=("x", "y"), global_batch_size=BATCH, num_workers=0),
+        data=data,
+        eval_data=eval_data,
     ).fit()
     return {"step": result.step, "start_step": result.start_step, "steps": steps}
 
@@ -187,6 +193,35 @@ def test_no_spare_left_the_survivors_finish_at_the_smaller_world_with_the_same_s
         assert part["loss"] == pytest.approx(reference[step]["loss"], rel=LOSS_RTOL)
     later = max(abs(p["loss"] - reference[s]["loss"]) / reference[s]["loss"] for s, p in again.items())
     print(f"max relative loss difference in the next, full-size attempt: {later:.3g}")
+
+
+def _evals(run_dir: Path) -> tp.Dict[int, float]:
+    from hpctrain.rundir import RunDir
+
+    lines = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines()]
+    return {x["step"]: x["loss"] for x in lines if x.get("kind") == "eval" and not x.get("interrupted")}
+
+
+def test_the_evaluation_after_the_shrink_covers_the_same_samples_at_the_smaller_world(tmp_path, h5):
+    """The evaluator's loader is re-sharded at the new rank and size: the evaluations after the failure (step 8,
+    and the end's at 12) read the whole eval file at a world of 2 and match the 3-rank run's within LOSS_RTOL (a
+    shard left out or read twice would move the mean far more: each rank's share is a third, then a half)."""
+    from hpctrain.rundir import RunDir
+
+    ref_dir = tmp_path / "ref"
+    results, codes = _launch(3, ref_dir, h5, {"eval": True})
+    assert set(codes.values()) == {0}, results
+    run_dir = tmp_path / "shrink"
+    results, codes = _launch(3, run_dir, h5, {"eval": True, "recovery": True, "victim": 2, "kill_at": KILL_AT})
+    assert codes.pop(("rank", 2)) == -signal.SIGKILL and set(codes.values()) == {0}, results
+    want, got = _evals(ref_dir), _evals(run_dir)
+    assert sorted(want) == sorted(got) == [4, 8, STEPS], (want, got)
+    for step in (8, STEPS):  # after the shrink at step 7
+        assert got[step] == pytest.approx(want[step], rel=LOSS_RTOL), (step, got[step], want[step])
+    assert got[4] == want[4]  # before the failure: the same 3 ranks, the same sums
+    lines = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines()]
+    batches = {x["step"]: x["batches"] for x in lines if x.get("kind") == "eval"}
+    assert batches == {4: 480 // BATCH, 8: 480 // BATCH, STEPS: 480 // BATCH}, batches  # a batch is global
 
 
 def test_a_second_failure_during_the_shrink_falls_back_with_one_line(tmp_path, h5, capfd):
