@@ -162,17 +162,22 @@ class InJob:
             self.rec.state.loader = b.loader  # type: ignore[union-attr]
             threading.Thread(target=old.close, name="hpctrain-close-loader", daemon=True).start()
 
-    def resized(self, rec: tp.Any, records: tp.Any, evaluator: tp.Any) -> None:
-        """After a recovery at a smaller world, in the loop: the metrics recorder, the ledger writer and the
-        evaluator at this process's new rank and world size (rank 0 writes the metrics from here on)."""
+    def resized(self, rec: tp.Any, records: tp.Any, evaluator: tp.Any, step: int) -> None:
+        """After a recovery at a smaller world (continuing after ``step``), in the loop: the metrics recorder, the
+        ledger writer, the display, the live TensorBoard writer and the evaluator at this process's new rank and
+        world size (rank 0 writes the metrics from here on)."""
         from hpctrain.rundir import RunDir
+        from hpctrain.train.tensorboard import LiveWriter
 
         t = self.trainer
         rec.rank, rec.world_size = t.rank, t.world_size
-        if t.rank == 0 and rec.path is None:
+        if t.rank == 0 and rec.path is None:  # old rank 1, now rank 0: it takes over what the dead rank 0 wrote
             rec.path = RunDir(t.run_dir).metrics
-        if t.rank == 0:
             records.became_rank_0()  # the attempt's end is this process's to write now
+            t.display.enabled = t.config.metrics.display
+            tb_dir = t.config.tensorboard_dir(t.run_dir)
+            if tb_dir is not None and rec.tensorboard is None:
+                rec.tensorboard = LiveWriter(tb_dir, start_step=step)  # the same run; steps after `step` purged
         if evaluator is not None:
             evaluator.close()  # its loader is rebuilt at the new rank and size on the next evaluation
             evaluator.world_size = t.world_size

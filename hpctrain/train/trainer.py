@@ -181,8 +181,9 @@ class Trainer:
         if spare and joined is None:  # released at the end of a run that did not need this spare
             self.in_job.finish()  # type: ignore[union-attr]
             return FitResult(0, 0, None, 0, None, None, False, time.perf_counter() - t_fit, built.module)
-        if joined is not None and self.rank == 0:
-            records.became_rank_0()  # a spare in rank 0's place: the attempt's end is its to write
+        if joined is not None and self.rank == 0:  # a spare in rank 0's place (its loop opens metrics, TensorBoard)
+            records.became_rank_0()  # the attempt's end is its to write
+            self.display.enabled = self.config.metrics.display
         evaluator = (
             Evaluator(
                 self.eval_data,
@@ -464,7 +465,7 @@ class Trainer:
                     step = progress.step = self.in_job.recover(exc, self, b)  # raises what it cannot recover
                     saver.ckpt, saver.loader = b.ckpt, b.loader
                     if rec.world_size != self.world_size:  # continued at a smaller world (RecoveryConfig.shrink)
-                        self.in_job.resized(rec, records, evaluator)
+                        self.in_job.resized(rec, records, evaluator, step)
                     batches = warm_up_buckets(
                         b.model,
                         b.module,

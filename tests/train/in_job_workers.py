@@ -79,3 +79,15 @@ def launch(fit: Fit, world: int, spares: int, run_dir: Path, h5: str, opts: tp.D
     got = run_roles(_process, who, args, timeout=timeout)
     del store
     return got
+
+
+def tensorboard_steps(run_dir: Path, tag: str) -> tp.List[int]:
+    """The steps the TensorBoard UI's reader sees for ``tag`` in the run's live event files (``purge_step``
+    honoured; tests/train/test_tensorboard_live.py reads them the same way)."""
+    from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
+
+    mux = pem.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(run_dir / "tensorboard"))
+    mux.Reload()
+    assert list(mux.Runs()) == ["."]  # one TensorBoard run
+    return [e.step for e in mux.Tensors(".", tag)]

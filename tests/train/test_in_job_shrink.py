@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.in_job_workers import QUICK, launch, rank_context
+from hpctrain.train.tensorboard import INTERVAL_TAGS
+from tests.train.in_job_workers import QUICK, launch, rank_context, tensorboard_steps
 
 STEPS, KILL_AT, BATCH, MORE = 12, 7, 24, 3
 LOSS_RTOL = 1e-4
@@ -76,6 +77,7 @@ def _fit(role, index, world, master_port, run_dir, h5, opts):
         checkpoint=CheckpointPolicy(every_steps=5),
         metrics=MetricsConfig(display=False),
         recovery=recovery,
+        tensorboard=bool(opts.get("tensorboard")),
     )
     result = Trainer(
         ctx,
@@ -141,7 +143,7 @@ def test_no_spare_left_the_survivors_finish_at_the_smaller_world_with_the_same_s
     from hpctrain.ledger import Ledger
     from hpctrain.rundir import RunDir
 
-    opts = {"recovery": True, "victim": victim, "kill_at": KILL_AT}
+    opts = {"recovery": True, "victim": victim, "kill_at": KILL_AT, "tensorboard": True}
     results, codes = _launch(3, tmp_path, h5, opts)
     assert codes.pop(("rank", victim)) == -signal.SIGKILL
     assert set(codes.values()) == {0}, results
@@ -178,6 +180,8 @@ def test_no_spare_left_the_survivors_finish_at_the_smaller_world_with_the_same_s
     intervals = [(x["step"], x["world_size"]) for x in lines if x.get("kind") == "interval"]
     assert intervals == [(4, 3), (8, 2), (12, 2)], intervals
     assert latest_committed(tmp_path / "checkpoints").world_size == 2  # the final commit: by the 2 survivors
+    # the live TensorBoard run goes on too (by the new rank 0 when rank 0 died): each interval once, in order
+    assert tensorboard_steps(tmp_path, INTERVAL_TAGS[0][0]) == [4, 8, 12]
     err = capfd.readouterr().err
     assert "continuing at a world of 2 (was 3) after step 6, the global batch of 24 split 12 a rank" in err
     print(f"max relative loss difference after the failure: {worst:.3g}; one share left out: >= {missed:.3g}")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.in_job_workers import QUICK, launch, rank_context
+from hpctrain.train.tensorboard import INTERVAL_TAGS
+from tests.train.in_job_workers import QUICK, launch, rank_context, tensorboard_steps
 
 STEPS, KILL_AT, BATCH = 12, 7, 24
 
@@ -46,6 +47,7 @@ def _fit(role, index, world, master_port, run_dir, h5, opts):
         checkpoint=CheckpointPolicy(every_steps=5),
         metrics=MetricsConfig(display=False),
         recovery=recovery,
+        tensorboard=bool(opts.get("tensorboard")),
     )
     result = Trainer(
         ctx,
@@ -92,7 +94,7 @@ def test_a_killed_rank_is_replaced_by_a_warm_spare_and_the_final_checkpoint_is_b
 ):
     from hpctrain.ledger import Ledger
 
-    opts = {"recovery": True, "spares": 1, "victim": victim, "kill_at": KILL_AT}
+    opts = {"recovery": True, "spares": 1, "victim": victim, "kill_at": KILL_AT, "tensorboard": True}
     results, codes = _launch(3, 1, tmp_path, h5, opts)
     assert codes.pop(("rank", victim)) == -signal.SIGKILL
     assert set(codes.values()) == {0}, results
@@ -106,6 +108,8 @@ def test_a_killed_rank_is_replaced_by_a_warm_spare_and_the_final_checkpoint_is_b
     # one end record, by rank 0's process: the spare when it took rank 0 (the dead rank 0 wrote the start)
     ends = Ledger(tmp_path).records("end")
     assert [(e["status"], e["step"], e["committed_step"]) for e in ends] == [("completed", STEPS, STEPS)]
+    # the live TensorBoard run goes on (by the spare when it took rank 0): each interval once, in order
+    assert tensorboard_steps(tmp_path, INTERVAL_TAGS[0][0]) == [4, 8, 12]
 
 
 def test_without_a_spare_the_trainer_falls_back_with_one_line_as_a_peer_failure(tmp_path, h5, capfd):
