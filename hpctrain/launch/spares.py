@@ -16,7 +16,10 @@ left, a node failure goes back to the queue: ``scontrol requeue`` and the exclus
 Warm spares (``--warm-spares``, :mod:`hpctrain.launch.warm_spares`): the loop also serves in-job recovery's store
 for each step and runs warm spare processes on the spare nodes beside it, so that a rank's process that dies is
 replaced inside the step (the Trainer's ``TrainConfig.recovery``); the training step then runs with
-``--kill-on-bad-exit=0``. A step whose tasks did not all exit 0 but whose deciding rank recorded a finished run
+``--kill-on-bad-exit=0``, as **one step per training node** (:mod:`hpctrain.launch.node_step`): Slurm SIGKILLs
+every task of a step that uses a failed node, so a failed node then takes only its own step, and the other nodes'
+tasks recover in the job; the loop waits until every node's step has ended (the one of a failed node ends at once,
+the others go on). A step whose tasks did not all exit 0 but whose deciding rank recorded a finished run
 (one task was replaced in the job) ends the loop with 0. ``--in-job-recovery`` (``--spares 0`` allowed): the
 same store and ``--kill-on-bad-exit=0`` with no warm spares, so the survivors of a dead rank go on at a smaller
 world inside the step (``RecoveryConfig(shrink=True)``).
@@ -40,7 +43,7 @@ from hpctrain.launch.exclusion import SPARES_LEFT_ENV, exclude_hosts
 from hpctrain.launch.records import committed_progress
 from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir
-from hpctrain.runtime.env import ATTEMPT_ENV, expand_hostlist, slurm_job_id
+from hpctrain.runtime.env import ATTEMPT_ENV, NODE_INDEX_ENV, TRAINING_NODES_ENV, expand_hostlist, slurm_job_id
 
 __all__ = ["next_attempt", "step_argv", "SpareLoop", "main"]
 
@@ -134,15 +137,15 @@ class SpareLoop:
             env = dict(self.environ, **{ATTEMPT_ENV: str(attempt), SPARES_LEFT_ENV: str(left)})
             spare_hosts = usable[self.nodes :] if self.warm_spares else []
             warm = self._warm(spare_hosts)
-            srun = [self.srun[0], "--kill-on-bad-exit=0", *self.srun[1:]] if warm is not None else self.srun
-            argv = step_argv(srun, nodes=self.nodes, tasks_per_node=self.tasks_per_node, hosts=hosts)
             if warm is not None:
                 env = warm.start(self.srun, env, step_argv)
+                steps = self._node_steps(hosts, env)
+            else:
+                steps = [(step_argv(self.srun, nodes=self.nodes, tasks_per_node=self.tasks_per_node, hosts=hosts), env)]
             self._log(f"attempt {attempt} on {','.join(hosts)} ({left} spare restart(s) left)")
             try:
-                rc = self.run_step(argv, env)
+                rc, failed_at = self._run_steps(steps, attempt, hosts)
             finally:
-                failed_at = time.time()
                 if warm is not None:
                     warm.end()  # spares released, their step ended: a restart may use their nodes
             if rc == 0:
@@ -170,6 +173,84 @@ class SpareLoop:
                 }
             )
             self._log(f"step of attempt {attempt} failed on {','.join(suspects)}: restarting without it")
+
+    def _node_steps(
+        self, hosts: tp.Sequence[str], env: tp.Dict[str, str]
+    ) -> tp.List[tp.Tuple[tp.List[str], tp.Dict[str, str]]]:
+        """One step per training node (:mod:`hpctrain.launch.node_step`): a failed node ends its own step only, the
+        other nodes' tasks live on and recover in the job. Each is kept past a dead task (``KEEP_STEP_ALIVE``)."""
+        from hpctrain.launch.node_step import node_step_argv
+        from hpctrain.launch.warm_spares import KEEP_STEP_ALIVE
+
+        srun = [self.srun[0], KEEP_STEP_ALIVE, *self.srun[1:]]
+        nodes = ",".join(hosts)
+        return [
+            (
+                node_step_argv(srun, python=sys.executable, index=i, host=h, tasks_per_node=self.tasks_per_node),
+                dict(env, **{NODE_INDEX_ENV: str(i), TRAINING_NODES_ENV: nodes}),
+            )
+            for i, h in enumerate(hosts)
+        ]
+
+    def _run_steps(
+        self, steps: tp.Sequence[tp.Tuple[tp.List[str], tp.Dict[str, str]]], attempt: int, hosts: tp.Sequence[str]
+    ) -> tp.Tuple[int, float]:
+        """Run the steps side by side until every one has ended: ``(exit code, when the first ended)``; the code is
+        0 when all exited 0, else the first non-zero one. A node's step that ends before the others (its node
+        failed: srun then exits 0, measured on Slurm 22.05) does not end them: their ranks recover in the job."""
+        if len(steps) == 1:
+            rc = self.run_step(*steps[0])
+            return rc, time.time()
+        import threading
+
+        rcs: tp.List[tp.Optional[int]] = [None] * len(steps)
+        ended: tp.List[float] = []
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            try:
+                rcs[i] = self.run_step(*steps[i])
+            except Exception as exc:  # noqa: BLE001 - an srun that could not start is a failed step
+                self._log(f"the step of {hosts[i]} could not run: {type(exc).__name__}: {exc}")
+                rcs[i] = 1
+            with lock:
+                ended.append(time.time())
+                first = len(ended) == 1 and len(steps) > 1
+            if first:
+                self._node_step_ended(attempt, hosts[i], i, int(rcs[i] or 0), ended[0])
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(steps))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bad = [rc for rc in rcs if rc]
+        return (int(bad[0]) if bad else 0), min(ended)
+
+    def _node_step_ended(self, attempt: int, host: str, index: int, rc: int, at: float) -> None:
+        """The first node's step to end while the others run: a failed node (Slurm took it out of the allocation)
+        or its ranks' own end (a finished run's steps end within a second of each other). A failed node gets a
+        ``node_lost`` ledger record (what status shows: the in-job recovery record names ranks, not nodes)."""
+        try:
+            failed = host not in self.job_nodes()
+        except Exception as exc:  # noqa: BLE001 - Slurm not answering: say so, the steps go on all the same
+            self._log(f"the step of {host} ended ({rc}); the allocation could not be read: {exc}")
+            return
+        if not failed:
+            return
+        self._log(f"{host} failed: its step ended ({rc}); the other nodes' steps go on (in-job recovery)")
+        Ledger(self.run_dir).append(
+            {
+                "event": "node_lost",
+                "time": at,
+                "job_id": self.job_id,
+                "restart_count": attempt,
+                "node": host,
+                "node_index": index,
+                "exit_code": rc,
+                "tasks": self.tasks_per_node,
+            }
+        )
 
     def _warm(self, hosts: tp.Sequence[str]) -> tp.Any:
         if not self.in_job_recovery:

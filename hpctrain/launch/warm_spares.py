@@ -13,9 +13,10 @@ process on the batch host for the whole job, does three more things around each 
   rank writes) and waits for the spare step: a spare that took a rank is part of the training and ends with
   it; one that does not end in ``wait_s`` is terminated, so a restart on the spare node finds it free.
 
-The training step is started with ``--kill-on-bad-exit=0``: a task that dies must not take the survivors with
-it. With ``--in-job-recovery`` (no spare nodes), or once the spare nodes are used, there are no hosts: only the
-store is served, and a dead rank is dropped by the survivors (the smaller world, ``RecoveryConfig.shrink``) or
+The training is started as one step per node (:mod:`hpctrain.launch.node_step`), each with
+``--kill-on-bad-exit=0``: a task that dies must not take the survivors with it, nor a failed node the other
+nodes' tasks. With ``--in-job-recovery`` (no spare nodes), or once the spare nodes are used, there are no hosts:
+only the store is served, and a dead rank is dropped by the survivors (the smaller world, ``RecoveryConfig.shrink``) or
 ends the step through the Trainer's fallback line. torch is imported here only to serve the store (the loop
 itself stays stdlib-only).
 """

@@ -33,6 +33,9 @@ __all__ = [
     "expand_tasks_per_node",
     "derive_port",
     "slurm_job_id",
+    "NODE_INDEX_ENV",
+    "TRAINING_NODES_ENV",
+    "node_step_environ",
 ]
 
 PORT_BASE = 20000
@@ -77,6 +80,14 @@ class DistEnv:
 
 ATTEMPT_ENV = "HPCTRAIN_ATTEMPT"
 """Set by :mod:`hpctrain.launch.spares` on every step it starts: that step's attempt number (restart count)."""
+
+NODE_INDEX_ENV = "HPCTRAIN_NODE_INDEX"
+"""Set by :mod:`hpctrain.launch.spares` on a training step that runs on one node only (with in-job recovery the
+training is one ``srun`` step per node, so that a failed node takes only its own step's tasks): that node's index
+among the training nodes. Read only by :func:`node_step_environ`."""
+
+TRAINING_NODES_ENV = "HPCTRAIN_TRAINING_NODES"
+"""With :data:`NODE_INDEX_ENV`: every training node, comma-separated, in rank order (the first is the rendezvous)."""
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -175,7 +186,49 @@ def slurm_job_id(environ: tp.Mapping[str, str] = os.environ) -> str:
     return f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
 
 
+def node_step_environ(environ: tp.Mapping[str, str]) -> tp.Dict[str, str]:
+    """The environment of a task of one node's step, as a task of one step over every training node would see it.
+
+    The one owner of the offset rule: global rank = node index x the step's tasks + ``SLURM_PROCID``, world = the
+    training nodes x the step's tasks, the node list, node id and task counts those of the whole training, so
+    that this module, submitit's JobEnvironment (its result file and log line) and every ``SLURM_*`` reader see
+    the same ranks as under one step. :data:`NODE_INDEX_ENV` and :data:`TRAINING_NODES_ENV` are removed (applied
+    once). ``environ`` unchanged when they are not set."""
+    out = dict(environ)
+    index_text = out.pop(NODE_INDEX_ENV, None)
+    nodes_text = out.pop(TRAINING_NODES_ENV, None)
+    if index_text is None and nodes_text is None:
+        return out
+    if not (index_text or "").isdigit() or not nodes_text:
+        raise DistEnvError(f"{NODE_INDEX_ENV}={index_text!r} needs a node index and {TRAINING_NODES_ENV} the nodes")
+    index, hosts = int(index_text or 0), expand_hostlist(nodes_text)
+    per_node = _int(environ, "SLURM_STEP_NUM_TASKS")
+    local = _int(environ, "SLURM_PROCID")
+    if index >= len(hosts) or environ.get("SLURM_STEP_NUM_NODES", "1") != "1" or not 0 <= local < per_node:
+        raise DistEnvError(
+            f"{NODE_INDEX_ENV}={index} of {len(hosts)} training node(s) is set on a step of "
+            f"{environ.get('SLURM_STEP_NUM_NODES')} node(s) and {per_node} task(s): it is for one node's step"
+        )
+    world = len(hosts) * per_node
+    tasks = f"{per_node}(x{len(hosts)})" if len(hosts) > 1 else str(per_node)
+    out.update(
+        SLURM_PROCID=str(index * per_node + local),
+        SLURM_NODEID=str(index),
+        SLURM_GTIDS=",".join(str(index * per_node + i) for i in range(per_node)),
+        SLURM_STEP_NODELIST=",".join(hosts),
+        SLURM_STEP_NUM_NODES=str(len(hosts)),
+        SLURM_STEP_NUM_TASKS=str(world),
+        SLURM_STEP_TASKS_PER_NODE=tasks,
+        SLURM_TASKS_PER_NODE=tasks,
+        SLURM_NNODES=str(len(hosts)),
+        SLURM_NTASKS=str(world),
+        SLURM_NPROCS=str(world),
+    )
+    return out
+
+
 def _from_slurm(environ: tp.Mapping[str, str]) -> DistEnv:
+    environ = node_step_environ(environ)  # a task of one node's step not started through the wrapper: the same view
     job_id = slurm_job_id(environ)
     if "SLURM_STEP_ID" not in environ and "SLURM_STEPID" not in environ:
         ntasks = environ.get("SLURM_NTASKS", "1")

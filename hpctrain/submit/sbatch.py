@@ -59,8 +59,9 @@ def slurm_parameters(
         # submitit writes one `srun ... python -m submitit.core._submit` line; this shell function puts the
         # in-job restart loop in front of it (the loop runs the real srun binary, sized to cfg.nodes, on healthy
         # nodes; with in-job recovery it also serves the recovery store for each step).
-        if cfg.spare_nodes:
-            params["additional_parameters"]["no_kill"] = True  # a failed node leaves the allocation, not ends it
+        # a failed node leaves the allocation, not ends it: the spare-node loop restarts on a spare, or (in-job
+        # recovery: one step per node) the other nodes' ranks go on in the job
+        params["additional_parameters"]["no_kill"] = True
         mode = ["--warm-spares"] if cfg.warm_spares else ["--in-job-recovery"] if cfg.in_job_recovery else []
         loop = [
             shlex.quote(python),

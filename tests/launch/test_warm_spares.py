@@ -4,6 +4,7 @@ step, releases them after it, and takes a step whose replaced task died but whos
 from __future__ import annotations
 
 import sys
+import threading
 import typing as tp
 from pathlib import Path
 
@@ -40,11 +41,15 @@ def _loop(
     slurm.jobs["7"] = {"JobState": "RUNNING", "Restarts": "0", "NodeList": nodes, "NumNodes": str(2 + spares)}
     steps: tp.List[tp.Any] = []
 
+    lock = threading.Lock()  # one step per node: the loop runs them side by side
+
     def run_step(argv, env):
-        steps.append((argv, env))
-        if finished:  # the deciding rank's record of a run that completed
+        with lock:
+            steps.append((argv, env))
+            n = len(steps)
+        if finished and n == 1:  # the deciding rank's record of a run that completed
             Ledger(run_dir).append({"event": "exit", "job_id": "7", "restart_count": 0, "cause": "finished"})
-        return rcs[len(steps) - 1]
+        return rcs[n - 1]
 
     loop = SpareLoop(run_dir=run_dir, nodes=2, tasks_per_node=2, spares=spares, srun=["srun", "cmd"], slurm=slurm,
                      environ=dict(ENV, SLURM_JOB_NODELIST=nodes), run_step=run_step, exit_wait_s=0.2,
@@ -52,14 +57,23 @@ def _loop(
     return loop, steps
 
 
-def test_the_training_step_keeps_running_past_a_dead_task_and_a_finished_run_is_a_success(tmp_path):
+def _by_node(steps: tp.List[tp.Any]) -> tp.List[tp.Any]:
+    return sorted(steps, key=lambda s: s[1]["HPCTRAIN_NODE_INDEX"])
+
+
+def test_the_training_runs_as_one_step_per_node_kept_past_a_dead_task_and_a_finished_run_is_a_success(tmp_path):
     _Spares.made.clear()
-    loop, steps = _loop(tmp_path, [137], finished=True)
-    assert loop.run() == 0  # rank 3's task was SIGKILLed (srun exits 137) but the run finished in the job
-    ((argv, env),) = steps
-    assert argv[:6] == ["srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--nodelist=node1,node2",
-                        "--kill-on-bad-exit=0"]  # fmt: skip
-    assert env["HPCTRAIN_RECOVERY_STORE"] == "node1:4242"
+    loop, steps = _loop(tmp_path, [0, 137], finished=True)
+    assert loop.run() == 0  # rank 3's task was SIGKILLed (its srun exits 137) but the run finished in the job
+    (a, env_a), (b, env_b) = _by_node(steps)
+    # one step per training node (a failed node takes only its own), each told its index and the training nodes
+    assert a[:6] == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--nodelist=node1",
+                     "--kill-on-bad-exit=0"]  # fmt: skip
+    assert b[:5] == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--nodelist=node2"]
+    assert a[-5:] == [sys.executable, "-m", "hpctrain.launch.node_step", "--", "cmd"]
+    assert (env_a["HPCTRAIN_NODE_INDEX"], env_b["HPCTRAIN_NODE_INDEX"]) == ("0", "1")
+    assert env_a["HPCTRAIN_TRAINING_NODES"] == env_b["HPCTRAIN_TRAINING_NODES"] == "node1,node2"
+    assert env_a["HPCTRAIN_RECOVERY_STORE"] == env_b["HPCTRAIN_RECOVERY_STORE"] == "node1:4242"
     (spares,) = _Spares.made
     assert spares.hosts == ["node3"] and spares.world_size == 4 and spares.ended
     assert spares.argv[:5] == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--nodelist=node3"]
@@ -68,10 +82,10 @@ def test_the_training_step_keeps_running_past_a_dead_task_and_a_finished_run_is_
 def test_in_job_recovery_without_spare_nodes_serves_the_store_and_keeps_the_step_past_a_dead_task(tmp_path):
     """``--in-job-recovery``: no spare node, no spare step; the survivors may go on at a smaller world."""
     _Spares.made.clear()
-    loop, steps = _loop(tmp_path, [137], finished=True, spares=0, in_job_recovery=True)
+    loop, steps = _loop(tmp_path, [137, 0], finished=True, spares=0, in_job_recovery=True)
     assert loop.run() == 0
-    ((argv, env),) = steps
-    assert argv[5] == "--kill-on-bad-exit=0" and env["HPCTRAIN_RECOVERY_STORE"] == "node1:4242"
+    for argv, env in _by_node(steps):
+        assert argv[5] == "--kill-on-bad-exit=0" and env["HPCTRAIN_RECOVERY_STORE"] == "node1:4242"
     (spares,) = _Spares.made
     assert spares.hosts == [] and spares.world_size == 4 and spares.ended
 
@@ -93,8 +107,8 @@ def test_a_store_without_spares_starts_no_spare_step(tmp_path, capfd):
 
 
 def test_a_failed_run_is_still_a_failure(tmp_path):
-    loop, steps = _loop(tmp_path, [1], finished=False)
-    assert loop.run() == 1 and len(steps) == 1
+    loop, steps = _loop(tmp_path, [0, 1], finished=False)
+    assert loop.run() == 1 and len(steps) == 2  # the loop waited for both nodes' steps
 
 
 SPARE = """

@@ -118,7 +118,8 @@ def test_spare_nodes_script_runs_the_training_srun_through_the_restart_loop(tmp_
 @pytest.mark.parametrize(
     ("kwargs", "mode", "no_kill"),
     [
-        ({"in_job_recovery": True}, "--in-job-recovery", False),  # no spare node: the smaller world
+        # no spare node: the smaller world, --no-kill all the same (a failed node must leave the others running)
+        ({"in_job_recovery": True}, "--in-job-recovery", True),
         ({"spare_nodes": 1, "warm_spares": True}, "--warm-spares", True),
         ({"spare_nodes": 1, "warm_spares": True, "in_job_recovery": True}, "--warm-spares", True),
     ],
