@@ -3,7 +3,8 @@
 From the ledger (sanitised by :mod:`hpctrain.status.report`): ``exit`` records with ``failed_nodes`` or an
 exclusion (:mod:`hpctrain.launch.exclusion`), ``in_job_restart`` records (:mod:`hpctrain.launch.spares`) and
 ``in_job_recovery`` records (:mod:`hpctrain.runtime.recovery`: a rank replaced by a warm spare, the run gone on at
-a smaller world, or the fallback).
+a smaller world, or the fallback) and ``node_lost`` records (:mod:`hpctrain.launch.spares`: a failed node's own
+training step ended while the other nodes' ranks recovered in the job).
 """
 
 from __future__ import annotations
@@ -76,7 +77,15 @@ def collect_nodes(ledger: tp.Sequence[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, 
             }
         )
     recoveries = [_recovery(r) for r in ledger if r.get("event") == "in_job_recovery"]
+    lost = []
+    for r in ledger:
+        if r.get("event") == "node_lost" and isinstance(r.get("node"), str):
+            index, tasks = r.get("node_index"), r.get("tasks")
+            ranks = list(range(index * tasks, (index + 1) * tasks)) if isinstance(index, int) and tasks else []
+            lost.append({"job_id": r.get("job_id"), "restart_count": r.get("restart_count"), "node": r["node"],
+                         "time": r.get("time"), "ranks": ranks})  # fmt: skip
     return {
+        "nodes_lost": lost,
         "node_failures": failures,
         "in_job_restarts": restarts,
         "in_job_recoveries": recoveries,
@@ -143,6 +152,12 @@ def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None],
             f"[bold]spare[/]      attempt {text(r['restart_count'])} -> {text(r['next_restart_count'])} without "
             f"{text(','.join(r['failed_nodes']), 200)} (spare {text(r['spares_used'])} of {text(r['spares'])})"
             + (f" · next attempt started {took:.1f}s after the failure" if took is not None else "")
+        )
+    for n in (report.get("nodes_lost") or [])[-SHOWN:]:
+        ranks = ",".join(str(x) for x in n["ranks"]) or "?"
+        out(
+            f"[bold]node lost[/]  attempt {text(n['restart_count'])}: [yellow]{text(n['node'], 200)}[/] failed, its "
+            f"step (rank(s) {ranks}) ended · the other nodes' ranks went on (in-job recovery)"
         )
     for r in (report.get("in_job_recoveries") or [])[-SHOWN:]:
         ranks = ",".join(str(x) for x in r["failed_ranks"]) or "?"

@@ -449,7 +449,7 @@ def collect(run_dir: tp.Union[str, "os.PathLike[str]"], *, slurm: tp.Any = None)
         "last_exit": next((r for r in reversed(ledger) if r.get("event") == "exit"), None),
         "ledger": ledger,
         **collect_faults(ledger),  # "hangs" and "stragglers" (hpctrain.status.faults)
-        **collect_nodes(ledger),  # node_failures, in_job_restarts, in_job_recoveries, excluded_nodes (status.nodes)
+        **collect_nodes(ledger),  # node_failures, in_job_restarts, in_job_recoveries, nodes_lost, excluded_nodes
         # Slurm's record of each attempt (sacct) beside hpctrain's cause; None for a run not on Slurm
         "slurm_view": slurm_view,
         "slowest": _slowest(last),

@@ -255,6 +255,15 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "spares_used": Int(0),
         "spares": Int(0),
     },
+    # a failed node's own training step ended while the other nodes' steps went on (in-job recovery: one step per
+    # node, hpctrain.launch.spares)
+    "ledger.node_lost": {
+        **_LEDGER_COMMON,
+        "node": Str(),
+        "node_index": Int(0),
+        "exit_code": Int(-255, 255, what="an exit code"),
+        "tasks": Int(1),
+    },
     # a rank replaced inside the step by a warm spare, the run gone on at a smaller world (its `elastic`, a dict:
     # checked where status reads it, hpctrain.status.nodes), or the fallback (hpctrain.runtime.recovery)
     "ledger.in_job_recovery": {

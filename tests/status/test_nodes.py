@@ -124,3 +124,25 @@ def test_status_names_the_smaller_world_a_run_went_on_at(tmp_path, capsys):
         "step 1.3s after the failure"
     ) in out
     assert "recovered  attempt 0, generation 2: 0 in the job" in out
+
+
+def test_status_names_a_failed_node_whose_step_ended_while_the_others_recovered_in_the_job(tmp_path, capsys):
+    """In-job recovery runs one step per node: the loop's ``node_lost`` record names the node, status its ranks."""
+    now = time.time()
+    ledger = Ledger(tmp_path)
+    ledger.append({"event": "start", "time": now - 100, "job_id": "9", "restart_count": 0, "hosts": ["n1", "n2"]})
+    ledger.append({"event": "node_lost", "time": now - 61, "job_id": "9", "restart_count": 0, "node": "n2",
+                   "node_index": 1, "exit_code": 0, "tasks": 2})  # fmt: skip
+    ledger.append({"event": "in_job_recovery", "time": now - 60, "job_id": "9", "restart_count": 0, "generation": 1,
+                   "failed_ranks": [2, 3], "agreed_step": 24, "steps_redone": 1, "fallback": None,
+                   "replaced": [{"rank": 2, "by": "s0", "spare": 0}, {"rank": 3, "by": "s1", "spare": 1}],
+                   "failure_to_first_step_s": 2.29})  # fmt: skip
+    report = collect(tmp_path)
+    (lost,) = report["nodes_lost"]
+    assert lost["node"] == "n2" and lost["ranks"] == [2, 3]
+    from rich.console import Console
+
+    render(report, Console(width=200, highlight=False))
+    out = capsys.readouterr().out
+    assert "node lost  attempt 0: n2 failed, its step (rank(s) 2,3) ended · the other nodes' ranks went on" in out
+    assert "rank 2 by spare 0, rank 3 by spare 1 in the job" in out
