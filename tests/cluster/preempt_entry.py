@@ -45,6 +45,8 @@ def _parse(args: tp.Sequence[str]) -> argparse.Namespace:
     p.add_argument("--recovery", action="store_true", help="TrainConfig.recovery on (with --warm-spares: its spares)")
     p.add_argument("--kill-rank3-at", type=int, default=0, help="attempt 0: rank 3 SIGKILLs itself at this call")
     p.add_argument("--shrink", action="store_true", help="with --recovery: RecoveryConfig(shrink=True)")
+    p.add_argument("--collective-timeout", type=float, default=0.0, help="RecoveryConfig.collective_timeout_s")
+    p.add_argument("--spare-dies-taking", action="store_true", help="a warm spare SIGKILLs itself taking a rank")
     p.add_argument("--log-loss", action="store_true", help="each call's loss to samples/r<restart>-rank<R>.loss.jsonl")
     return p.parse_args(list(args))
 
@@ -74,6 +76,21 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
 
         Checkpointer.save = save  # type: ignore[method-assign]
 
+    if opts.spare_dies_taking and ctx.rank == -1:  # a warm spare: a second failure in the middle of the recovery
+        from hpctrain.runtime.recovery import InJobRecovery
+
+        stand_by = InJobRecovery.stand_by
+
+        def dying(self: tp.Any, on_rank: tp.Any = None) -> tp.Any:
+            def die(rank: int) -> None:
+                with open(samples_dir / f"spare-died-{rank}.json", "w") as f:
+                    f.write(json.dumps({"rank": rank, "t": time.time()}))
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            return stand_by(self, on_rank=die)
+
+        InJobRecovery.stand_by = dying  # type: ignore[method-assign]
+
     def loss_fn(model: tp.Any, batch: tp.Any) -> tp.Any:
         if not model.training:  # the Trainer's DDP bucket warm-up (no step): not a consumed batch
             return torch.nn.functional.cross_entropy(model(batch["x"].float()), batch["y"].long())
@@ -97,6 +114,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
             losses.write(json.dumps({"call": calls[0], "loss": float(loss), "n": len(batch["index"])}) + "\n")
         return loss
 
+    timeout = {"collective_timeout_s": opts.collective_timeout} if opts.collective_timeout else {}
     config = TrainConfig(
         steps=opts.steps,
         seed=1,
@@ -112,7 +130,7 @@ def main(ctx: tp.Any) -> tp.Dict[str, tp.Any]:
         ),
         metrics=MetricsConfig(display=True),
         # its spares: what the batch script started
-        recovery=RecoveryConfig(shrink=opts.shrink) if opts.recovery else None,
+        recovery=RecoveryConfig(shrink=opts.shrink, **timeout) if opts.recovery else None,
     )
     data = H5DataConfig(
         files=(opts.data,), keys=("x", "y"), global_batch_size=opts.batch, num_workers=opts.workers, seed=3
