@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import typing as tp
 
 import pytest
@@ -24,7 +25,7 @@ from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_node_failure import _figure as _restart_figure
 from tests.cluster.test_node_failure import _submit
 from tests.cluster.test_preemption import STEPS, _calls, _exits, _ledger, _restarts, _starts, _wait
-from tests.cluster.test_slurm_ddp import model_digest, wait_final
+from tests.cluster.test_slurm_ddp import ENV, ROOT, model_digest, wait_final
 
 pytestmark = [pytest.mark.slurm]
 
@@ -112,6 +113,14 @@ def test_a_failed_node_is_replaced_by_two_warm_spares_inside_the_job(data):
     # every rank's log under its global rank's name (rank 2 and 3's: the processes the failed node took)
     logs = sorted(p.name for p in (run_dir / "logs").glob(f"{job}_*_log.out"))
     assert [f"{job}_{r}_log.out" for r in range(4)] == [n for n in logs if n.split("_")[1].isdigit()]
+    (lost,) = _records(run_dir, "node_lost")  # the loop's record: the node, not only its ranks
+    assert lost["node"] == host and lost["node_index"] == 1 and lost["restart_count"] == 0
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "status", str(run_dir)],
+        cwd=ROOT, env={**ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert f"{host} failed, its step (rank(s) 2,3) ended" in shown.stdout, shown.stdout
+    assert "rank 2 by spare" in shown.stdout and "rank 3 by spare" in shown.stdout, shown.stdout
     _figure("node failure, warm spares", record, failed_at, load)
 
 

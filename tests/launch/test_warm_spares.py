@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import typing as tp
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from hpctrain.launch.spares import SpareLoop, step_argv
 from hpctrain.launch.warm_spares import WarmSpares
 from hpctrain.ledger import Ledger
+from hpctrain.rundir import RunDir
 from hpctrain.testing import FakeSlurm
 
 ENV = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-3]"}
@@ -165,3 +167,54 @@ def test_the_runner_gives_a_warm_spare_a_context_without_a_group_and_no_result(t
         assert [(e["cause"], e["decided_by_rank"]) for e in exits] == [("finished", 0)], exits
     else:
         assert exits == []
+
+
+def _node_loop(tmp_path: Path, survivors_rc: int, finished: bool) -> tp.Tuple[SpareLoop, FakeSlurm, tp.List[tp.Any]]:
+    """Attempt 0: node2 fails (Slurm drops it from the job's NodeList, its srun exits 0 at once, as measured);
+    node1's step runs on and ends ``survivors_rc`` (``finished``: the deciding rank recorded the run finished)."""
+    slurm = FakeSlurm()
+    slurm.jobs["7"] = {"JobState": "RUNNING", "Restarts": "0", "NodeList": "node[1-3]", "NumNodes": "3"}
+    steps: tp.List[tp.Any] = []
+    lock = threading.Lock()
+
+    def run_step(argv, env):
+        with lock:
+            steps.append((argv, env))
+        RunDir(tmp_path).attempt_dir("7", int(env["HPCTRAIN_ATTEMPT"])).mkdir(parents=True, exist_ok=True)
+        if env.get("HPCTRAIN_ATTEMPT") != "0":
+            Ledger(tmp_path).append({"event": "exit", "job_id": "7", "restart_count": 1, "cause": "finished"})
+            return 0
+        if env["HPCTRAIN_NODE_INDEX"] == "1":
+            slurm.jobs["7"]["NodeList"] = "node[1,3]"
+            return 0
+        time.sleep(0.5)  # the survivors recover in the job meanwhile
+        assert [r["node"] for r in Ledger(tmp_path).records("node_lost")] == ["node2"]  # before node1's ended
+        if finished:
+            Ledger(tmp_path).append({"event": "exit", "job_id": "7", "restart_count": 0, "cause": "finished"})
+        return survivors_rc
+
+    loop = SpareLoop(run_dir=tmp_path, nodes=2, tasks_per_node=2, spares=1, srun=["srun", "cmd"], slurm=slurm,
+                     environ=dict(ENV), run_step=run_step, exit_wait_s=0.2, make_spares=_Spares,
+                     warm_spares=True)  # fmt: skip
+    return loop, slurm, steps
+
+
+def test_a_failed_nodes_step_ending_early_leaves_the_other_nodes_step_running_to_the_end(tmp_path):
+    _Spares.made.clear()
+    loop, _, steps = _node_loop(tmp_path, 0, finished=True)
+    assert loop.run() == 0 and len(steps) == 2  # one attempt: no restart while the in-job recovery succeeded
+    (lost,) = Ledger(tmp_path).records("node_lost")
+    assert (lost["node"], lost["node_index"], lost["restart_count"], lost["tasks"]) == ("node2", 1, 0, 2)
+    assert Ledger(tmp_path).records("in_job_restart") == []
+
+
+def test_when_the_in_job_recovery_falls_back_the_loop_restarts_without_the_failed_node(tmp_path):
+    _Spares.made.clear()
+    loop, _, steps = _node_loop(tmp_path, 1, finished=False)  # the survivors printed the fallback line, exited 1
+    assert loop.run() == 0
+    (restart,) = Ledger(tmp_path).records("in_job_restart")
+    assert restart["failed_nodes"] == ["node2"] and restart["next_restart_count"] == 1
+    again = sorted((a for a in steps if a[1]["HPCTRAIN_ATTEMPT"] == "1"), key=lambda s: s[1]["HPCTRAIN_NODE_INDEX"])
+    # the warm spare node is a training node now; no spare node is left, so no spare step, the store only
+    assert [a[0][4] for a in again] == ["--nodelist=node1", "--nodelist=node3"]
+    assert again[0][1]["HPCTRAIN_TRAINING_NODES"] == "node1,node3" and _Spares.made[-1].hosts == []
