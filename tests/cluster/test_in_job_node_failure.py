@@ -121,6 +121,15 @@ def test_a_failed_node_is_replaced_by_two_warm_spares_inside_the_job(data):
     )  # fmt: skip
     assert f"{host} failed, its step (rank(s) 2,3) ended" in shown.stdout, shown.stdout
     assert "rank 2 by spare" in shown.stdout and "rank 3 by spare" in shown.stdout, shown.stdout
+    got = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "logs", "--all", "--json", str(run_dir)],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    ranks = {r["rank"]: r for r in json.loads(got.stdout)["ranks"]}
+    assert sorted(ranks) == [0, 1, 2, 3] and ranks[2]["host"] == ranks[3]["host"] == host, got.stdout[:2000]
+    # submitit's view is the global one too (node_step_environ): its JobEnvironment line names the global rank
+    text = (run_dir / "logs" / f"{job}_2_log.out").read_text()
+    assert "global_rank=2(4)" in text and "node=1(" in text, text[:1000]
     _figure("node failure, warm spares", record, failed_at, load)
 
 
