@@ -116,6 +116,9 @@ def _recovery(r: tp.Mapping[str, tp.Any]) -> tp.Dict[str, tp.Any]:
         "replaced": pairs,
         "elastic": _elastic(r.get("elastic")),
         "agreed_step": r.get("agreed_step"),
+        # the step it continued after: from memory the agreed one (records before sharded recovery: no field)
+        "resumed_step": r.get("resumed_step") if r.get("resumed_step") is not None else r.get("agreed_step"),
+        "state_from": r.get("state_from") or "memory",
         "steps_redone": r.get("steps_redone"),
         "failure_to_first_step_s": r.get("failure_to_first_step_s"),
         "fallback": r.get("fallback"),
@@ -170,12 +173,15 @@ def describe_nodes(report: tp.Mapping[str, tp.Any], text: tp.Callable[..., str])
             dropped = ",".join(str(x) for x in e["dropped"]) or ranks
             by = (f"rank(s) {dropped} dropped (no spare left), the run went on at a smaller world of "
                   f"{e['world_size']} (was {e['world_size_was']}; the next attempt is full size)")  # fmt: skip
-        took = r["failure_to_first_step_s"]
+        took, source = r["failure_to_first_step_s"], r.get("state_from", "memory")
+        reloaded = f" · sharded state reloaded from the {text(source)} tier" if source != "memory" else ""
+        redone = r["steps_redone"]
         lines.append(
             (
                 "recovered",
                 f"attempt {text(r['restart_count'])}, generation {text(r['generation'])}: {by or ranks} in the job"
-                f" · continued after step {text(r['agreed_step'])}, {text(r['steps_redone'])} step redone"
+                f"{reloaded} · continued after step {text(r.get('resumed_step', r['agreed_step']))}, {text(redone)} "
+                f"step{'' if redone == 1 else 's'} redone"
                 + (f" · first step {took:.1f}s after the failure" if isinstance(took, (int, float)) else ""),
             )
         )
