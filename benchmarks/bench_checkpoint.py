@@ -262,7 +262,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             That copy is the user-visible result a restore into a module must produce, and hpctrain's timed
             restore pays it: ``Module.load_state_dict`` (here the model ``Holder``) copies every parameter into
             the module's own tensors, so the restored values cannot stay in the mapping. Without it the ceiling
-            did less than any restore into a module must (89 of the 256 MiB, 1004 ``copy_`` calls per rank, the
+            did less than any restore into a module must (85 of the 256 MiB, 1004 ``copy_`` calls per rank, the
             pages of the mapping touched). The optimizer keeps the tensors it is handed (torch's
             ``Optimizer.load_state_dict`` does not copy them), so its bytes are not copied here, as hpctrain
             hands it views of the mapping. The source offsets are consecutive 64-byte aligned ranges of the
