@@ -250,7 +250,8 @@ def _ckpt_rows(fs: str) -> tp.Tuple[Goal, ...]:
         Goal(
             "checkpoint",
             f"{fs}.restore_vs_raw",
-            "raw read-once: 1/world of the bytes read into the node's /dev/shm, the whole mapped (ceiling)",
+            "raw read-once: 1/world of the bytes read into the node's /dev/shm, the whole mapped, the model's "
+            "bytes copied into its tensors (ceiling)",
             ">=",
             0.9,
             "x",

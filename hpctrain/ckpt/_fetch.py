@@ -174,6 +174,14 @@ def pack(stored: tp.Mapping[str, StoredTensor], keys: tp.Iterable[str]) -> tp.Tu
     return regions, at, align(regions[-1].at + regions[-1].end - regions[-1].start) if regions else 0
 
 
+def _packed(p: "Plan") -> tp.Tuple[tp.List[Region], tp.Dict, int]:
+    """:func:`pack` of the plan's whole tensors, computed once per plan (:func:`shards_read` and :func:`read`)."""
+    got = p.memo.get("pack")
+    if got is None:
+        got = p.memo["pack"] = pack(p.stored, p.whole)
+    return tp.cast(tp.Tuple[tp.List[Region], tp.Dict, int], got)
+
+
 class _Views:
     """Tensors of the packed buffer: typed views of it (one per dtype) and cached contiguous strides."""
 
@@ -200,26 +208,39 @@ class _Views:
         return s
 
     def views(self, stored: tp.Mapping[str, StoredTensor], keys: tp.List[str]) -> tp.Tuple[tp.Dict, tp.List[str]]:
-        """The tensors of ``keys`` stored in one piece, as views (metadata only: the bytes need not be there
-        yet), and the keys of the others (split over shards, or sharded chunks): :meth:`assemble` them."""
+        """The tensors of ``keys`` stored in one piece, or in element ranges that lie end to end in the buffer (a
+        tensor the save split over shards at an aligned cut: ``_state.split_replicated``), as views (metadata
+        only: the bytes need not be there yet), and the keys of the others (split at an unaligned cut by an
+        older save, or sharded chunks): :meth:`assemble` them."""
         out: tp.Dict[str, torch.Tensor] = {}
         rest: tp.List[str] = []
         at, strides, typed = self.at, self._strides, self._typed
         for key in keys:
             st = stored[key]
             p = st.pieces[0]
-            if len(st.pieces) == 1 and p.box is None and p.nbytes:  # the whole tensor in one piece
-                tv = typed.get(st.dtype)
-                if tv is None:
-                    tv = self.typed(st.dtype)
-                shape = st.shape
-                s = strides.get(shape)
-                if s is None:
-                    s = self.strides(shape)
-                out[key] = tv.as_strided(shape, s, at[(p.shard, p.pos)] // DTYPE_SIZES[st.dtype])
-            else:
+            if p.box is not None or not p.nbytes or (len(st.pieces) > 1 and not self._end_to_end(st.pieces)):
                 rest.append(key)
+                continue
+            tv = typed.get(st.dtype)
+            if tv is None:
+                tv = self.typed(st.dtype)
+            shape = st.shape
+            s = strides.get(shape)
+            if s is None:
+                s = self.strides(shape)
+            out[key] = tv.as_strided(shape, s, at[(p.shard, p.pos)] // DTYPE_SIZES[st.dtype])
         return out, rest
+
+    def _end_to_end(self, pieces: tp.Sequence[tp.Any]) -> bool:
+        """Whether range pieces (sorted by ``start``: the index's tiling check sorts them) follow each other in
+        the buffer with no byte between them."""
+        at = self.at
+        end = at[(pieces[0].shard, pieces[0].pos)] + pieces[0].nbytes
+        for q in pieces[1:]:
+            if q.box is not None or not q.nbytes or at[(q.shard, q.pos)] != end:
+                return False
+            end += q.nbytes
+        return True
 
     def assemble(self, st: StoredTensor) -> torch.Tensor:
         """A tensor from its pieces in the buffer: one copy per piece (into its element range or its box)."""
@@ -446,7 +467,7 @@ def _share(total: int, rank: int, world: int, once: bool) -> tp.Tuple[int, int, 
 def shards_read(index: Index, p: "Plan", rank: int, world: int, *, mode: str) -> tp.Set[int]:
     """The shard files :func:`read` opens on ``rank`` (metadata only; a superset for chunks that replicas share),
     and the ones it verifies: what a node must hold before a restore reads (the local checkpoint tier)."""
-    regions, _, total = pack(p.stored, p.whole)
+    regions, _, total = _packed(p)
     _, lo, hi = _share(total, rank, world, mode == "read_once" and world > 1)
     out = {r.shard for r in regions if max(r.at, lo) < min(r.at + r.end - r.start, hi)}
     for w in p.chunks.values():
@@ -463,7 +484,7 @@ def read(
     ``route``: where ``read_once`` exchanges the bytes (default: host memory on the checkpointer's group)."""
     route = route or Route(comm.group, None)
     rank, world = comm.rank, comm.world
-    packed = pack(p.stored, p.whole)
+    packed = _packed(p)
     once = mode == "read_once" and world > 1
     chunk, lo, _ = _share(packed[2], rank, world, once)
     node = None

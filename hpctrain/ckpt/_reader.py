@@ -363,8 +363,9 @@ def build_index(ckpt_dir: PathLike, *, share: tp.Optional[tp.Tuple[int, int, Exc
     opens, parses and checks only shards r, r + world, ... and the ranks exchange what they found, so that a
     restart of N ranks opens and parses each shard header once, not N times (N x N file opens on the shared
     filesystem's metadata server). Every shard is still checked by some rank, the trees are checked one per
-    rank (name order, round robin), and the pieces of tensors split over shards parsed by different ranks are
-    checked for tiling by every rank; an error found on some ranks only is raised there (the caller agrees)."""
+    rank (name order, round robin from rank 1), and the pieces of tensors split over shards parsed by different
+    ranks are checked for tiling by every rank; an error found on some ranks only is raised there (the caller
+    agrees)."""
     ckpt_dir = Path(ckpt_dir)
     if share is None:
         manifest = read_manifest(ckpt_dir)
@@ -380,11 +381,11 @@ def build_index(ckpt_dir: PathLike, *, share: tp.Optional[tp.Tuple[int, int, Exc
             err = str(exc)
         except Exception as exc:  # noqa: BLE001 - damage of any kind is a format error, the same on every rank
             err = f"{ckpt_dir.name}: {type(exc).__name__}: {exc}"
-        got = exchange((err, part))
+        got = exchange((err, _plain(part) if part is not None else None))
         errors = [e for e, _ in got if e]
         if errors:
             raise CheckpointFormatError(errors[0])
-        parts = [p for _, p in got if p is not None]
+        parts = [_typed(p) for _, p in got if p is not None]
     world_saved = len(manifest["shards"])
     data_starts, header_crcs = [0] * world_saved, [0] * world_saved
     local: tp.List[tp.Dict[str, StoredTensor]] = [{} for _ in range(world_saved)]
@@ -416,9 +417,33 @@ def build_index(ckpt_dir: PathLike, *, share: tp.Optional[tp.Tuple[int, int, Exc
     if not isinstance(trees, dict):
         raise CheckpointFormatError(f"{ckpt_dir.name}: shard 0 holds no state tree")
     for k, (name, tree) in enumerate(sorted(trees.items())):
-        if k % world == rank:
+        if (k + 1) % world == rank:  # from rank 1: rank 0 parsed shard 0's header, the one holding the trees
             check_tree(f"{ckpt_dir.name}: state tree {name!r}", tree, tensors)
     return Index(ckpt_dir, manifest, data_starts, tensors, local, trees, local_trees, header_crcs)
+
+
+_Plain = tp.Tuple[str, tp.Tuple[int, ...], tp.List[tp.Tuple[tp.Any, ...]]]
+
+
+def _plain(part: _Part) -> tp.Tuple[tp.Any, ...]:
+    """``part`` as plain tuples for the exchange: pickle writes a NamedTuple through a Python ``__getnewargs__`` per
+    object (6 ms per 1000 tensors, on every rank of every restore), a tuple in C."""
+
+    def flat(table: tp.Dict[str, StoredTensor]) -> tp.Dict[str, _Plain]:
+        return {k: (t.dtype, t.shape, [tuple(q) for q in t.pieces]) for k, t in table.items()}
+
+    return tuple(part._replace(tensors=flat(part.tensors), local=[flat(m) for m in part.local]))
+
+
+def _typed(plain: tp.Tuple[tp.Any, ...]) -> _Part:
+    """The :class:`_Part` that :func:`_plain` flattened (``tuple.__new__``: no Python frame per object)."""
+    new = tuple.__new__
+
+    def typed(table: tp.Dict[str, _Plain]) -> tp.Dict[str, StoredTensor]:
+        return {k: new(StoredTensor, (d, s, [new(PieceRef, q) for q in ps])) for k, (d, s, ps) in table.items()}
+
+    part = new(_Part, plain)
+    return part._replace(tensors=typed(part.tensors), local=[typed(m) for m in part.local])
 
 
 def _index_shards(ckpt_dir: Path, manifest: tp.Dict[str, tp.Any], which: tp.Iterable[int]) -> _Part:

@@ -95,6 +95,8 @@ class Plan(tp.NamedTuple):
     chunks: tp.Dict[str, Want]
     """The others: a DTensor target's new local chunk, and this rank's own rank-local state (RNG)."""
     stored: tp.Dict[str, StoredTensor]
+    memo: tp.Dict[str, tp.Any]
+    """What the reads derive from the plan, derived once (``_fetch``: the packed regions of ``whole``)."""
 
 
 def _kind_ok(saved: str, target: torch.dtype) -> bool:
@@ -136,7 +138,7 @@ def plan(index: Index, step: int, targets: tp.Sequence[tp.Tuple[str, tp.Any]], s
     if rank < len(index.shards):
         for key, st in index.local[rank].items():
             chunks[key] = Want(key, whole(st.shape), None)
-    return Plan(skeletons, list(whole_keys), chunks, stored)
+    return Plan(skeletons, list(whole_keys), chunks, stored, {})
 
 
 def _check_tensor(where: str, key: str, st: StoredTensor, target: tp.Any) -> None:

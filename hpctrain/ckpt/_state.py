@@ -15,7 +15,7 @@ import numpy as np
 import numpy.random  # noqa: F401 - numpy 2 imports it on first use: in a first save's capture_rng (5-35 ms)
 import torch
 
-from hpctrain.ckpt._format import DTYPE_SIZES, align, header_json
+from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, align, header_json
 from hpctrain.errors import UsageError
 
 __all__ = [
@@ -257,7 +257,12 @@ class LayoutCache:
 def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], rank: int, world: int) -> tp.List[Piece]:
     """This rank's share of replicated tensors: the concatenated byte stream cut into ``world`` equal
     ranges at element boundaries (Megatron-style fully parallel save, without communication).
-    Zero-size tensors go to rank 0 so that every tensor has at least one entry."""
+    Zero-size tensors go to rank 0 so that every tensor has at least one entry.
+
+    A tensor cut in two is cut at a multiple of :data:`SPLIT_ALIGN` bytes from its start (every element size
+    divides it): its first piece then ends where the restore's packed buffer starts the next shard's region
+    (both 64-byte aligned), so the pieces lie end to end there and the restore makes the tensor a view of
+    them instead of assembling a copy (``_fetch._Views``)."""
     lay = tensors if isinstance(tensors, Layout) else layout(tensors)
     lo, hi = lay.total * rank // world, lay.total * (rank + 1) // world
     items = lay.items
@@ -277,8 +282,8 @@ def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], r
                 out.append(Piece(key, t, 0, 0, name, es))
             continue
         if cum + nb > lo and cum < hi:
-            a = min(n, max(0, (lo - cum) // es))
-            b = n if last else min(n, max(0, (hi - cum) // es))
+            a = max(0, (lo - cum) // SPLIT_ALIGN * SPLIT_ALIGN // es)  # lo - cum < nb here: a cut inside it
+            b = n if last or hi - cum >= nb else max(0, (hi - cum) // SPLIT_ALIGN * SPLIT_ALIGN // es)
             if b > a:
                 out.append(Piece(key, t, a, b, name, es))
         cum += nb
@@ -286,6 +291,8 @@ def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], r
 
 
 _ES, _N = operator.itemgetter(3), operator.itemgetter(4)
+SPLIT_ALIGN = ALIGN
+"""Where :func:`split_replicated` may cut a tensor: a multiple of this many bytes from its start."""
 
 
 def whole(tensors: tp.Mapping[str, torch.Tensor]) -> tp.List[Piece]:

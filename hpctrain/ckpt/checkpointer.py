@@ -453,8 +453,15 @@ class Checkpointer:
         self.wait()
         self._comm.all_gather_ints([0])  # rank 0 has settled interrupted re-saves (in __init__) before anyone scans
         mine = sorted((e.step for e in scan(self.root) if e.status == "committed"), reverse=True)
-        seen = self._comm.all_gather(mine)
-        common = sorted(set(seen[0]).intersection(*map(set, seen[1:])), reverse=True)
+        # the usual case, every rank seeing the same steps, takes one small collective (128 bits of a digest of the
+        # list), not a gather of the lists (two collectives and pickling); lists that differ are then gathered
+        digest = hashlib.sha256(repr(mine).encode()).digest()
+        words = self._comm.all_gather_ints([int.from_bytes(digest[i : i + 8], "little", signed=True) for i in (0, 8)])
+        if all(w == words[0] for w in words):
+            common = mine
+        else:
+            seen = self._comm.all_gather(mine)
+            common = sorted(set(seen[0]).intersection(*map(set, seen[1:])), reverse=True)
         if step is not None:
             if step not in common:
                 raise HpctrainError(
@@ -478,18 +485,25 @@ class Checkpointer:
                 err = f"rank {self.rank}: {exc}"
             except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
                 err = f"rank {self.rank}: {path.name}: {type(exc).__name__}: {exc}"
-            errors = self._agree(err)
-            if not errors:
-                assert index is not None
-                p: tp.Optional[Plan] = None
+            p: tp.Optional[Plan] = None
+            misfit: tp.Optional[Exception] = None
+            if index is not None:
                 try:  # metadata only: a checkpoint that does not fit the objects fails here, nothing read or loaded
-                    p, err = plan(index, s, targets, strict, self.rank), ""
-                except HpctrainError as exc:
-                    err = str(exc)
-                mismatch = self._agree(err)
-                if mismatch:
-                    raise HpctrainError(mismatch[0])
-                assert p is not None
+                    p = plan(index, s, targets, strict, self.rank)
+                except Exception as exc:  # noqa: BLE001 - never raise before the agreement: the others wait in it
+                    misfit = exc
+            # one small collective agrees on both: the index (damage: quarantine; it may be found on some ranks only,
+            # and what the others planned from it is then disregarded) and, on an undamaged step, the plan (a misfit,
+            # the same on every rank: raise)
+            ok = self._comm.all_gather_ints([0 if err else 1, 0 if misfit else 1])
+            errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
+            if not errors:
+                if not all(o[1] for o in ok):
+                    said = [e for e in self._comm.all_gather(str(misfit) if misfit else "") if e]
+                    if misfit is not None and not isinstance(misfit, HpctrainError):
+                        raise misfit
+                    raise HpctrainError(said[0])
+                assert index is not None and p is not None
                 self._before_read(path, shards_read(index, p, self.rank, self.world_size, mode=mode))
                 tensors, errors = read(
                     index,

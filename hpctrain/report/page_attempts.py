@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import typing as tp
 
-from hpctrain._human import esc, fmt_bytes, fmt_duration
+from hpctrain._human import esc, fmt_bytes, fmt_duration, plain
 from hpctrain.charts.timeline import Row, timeline
 from hpctrain.report.gather import RunData
 from hpctrain.report.page_html import _card, _colored, _empty, _pct, _pill, _section, _table, _when
 from hpctrain.runtime.startup import line as startup_line
 from hpctrain.runtime.startup import recorded
+from hpctrain.status.nodes import describe_nodes
 
 TIMELINE_ROWS = 60
 """Attempts drawn on the timeline (the newest); the attempts table lists them all."""
@@ -137,6 +138,7 @@ def _timeline(data: RunData) -> str:
         table_rows,
         numeric=(0, 4, 5, 6, 7, 8, 9, 10),
     )
+    body += _failures(data)
     ledger = data.status.get("ledger") or []
     lrows = []
     for r in ledger[-200:]:
@@ -162,6 +164,16 @@ def _timeline(data: RunData) -> str:
         + "</details>"
     )
     return _section("timeline", body)
+
+
+def _failures(data: RunData) -> str:
+    """Node failures, restarts on spare nodes, in-job recoveries (a rank replaced by a warm spare, the smaller world,
+    a fallback) and excluded hosts, worded as ``status`` words them (:func:`hpctrain.status.nodes.describe_nodes`)."""
+    lines = describe_nodes(data.status, plain)
+    if not lines:
+        return ""
+    rows = [[esc(label), esc(line, 2000)] for label, line in lines]
+    return "<h3>Failures and recoveries</h3>" + _table(["what", "detail"], rows)
 
 
 def _checkpoints(data: RunData) -> str:

@@ -1,4 +1,4 @@
-"""In-job recovery for DDP: the living ranks keep their processes, a warm spare takes the failed rank's place.
+"""In-job recovery: the living ranks keep their processes, a warm spare takes the failed rank's place.
 
 When a rank's process dies in a step, the collective the others are in fails (gloo at once when the dead
 process's sockets close; a node that vanished without closing them, after the generation's
@@ -15,7 +15,12 @@ process's sockets close; a node that vanished without closing them, after the ge
 3. **re-forms** the group (generation ``g+1``, the same world size; its rendezvous under its own
    ``PrefixStore``, so no key of a broken generation is read again);
 4. **transfers** the source's model, optimizer, loader position and RNG streams to every other rank
-   (:mod:`hpctrain.runtime.state_transfer`); only the interrupted step is run again.
+   (:mod:`hpctrain.runtime.state_transfer`); only the interrupted step is run again. **Sharded state**
+   (FSDP/HSDP, a :class:`~hpctrain.runtime.state_transfer.StoredState`): no survivor holds the dead rank's
+   shards, so every rank of the new generation reloads the newest commit instead (the node-local tier, the dead
+   rank's shards from their partner copies, else the global tier); the steps since it are run again, still
+   without a new process. The record's ``state_from`` says which (``memory``, ``local``, ``partner``,
+   ``global``).
 
 A **warm spare** is a process started with the job that imported torch and built the model and optimizer, and
 waits on its assignment key (:meth:`InJobRecovery.stand_by`); the plan's author writes it, the spare takes the
@@ -61,7 +66,7 @@ from hpctrain.runtime import gloo_teardown
 from hpctrain.runtime.preemption import is_peer_failure
 from hpctrain.runtime.recovery_config import RecoveryConfig
 from hpctrain.runtime.shrink import renumbered, smaller_world
-from hpctrain.runtime.state_transfer import ReplicatedState, broadcast_state
+from hpctrain.runtime.state_transfer import ReplicatedState, StoredState, broadcast_state
 
 __all__ = ["RecoveryConfig", "InJobRecovery", "Recovered", "RECORD_EVENT"]
 
@@ -151,7 +156,8 @@ class InJobRecovery:
     """One process's side of in-job recovery: a rank (``rank=``) or a warm spare (``spare=``).
 
     ``host``/``port``: a TCPStore server that outlives every rank (not rank 0's: rank 0 may be the one that
-    dies). ``state``: what is sent and loaded (:class:`~hpctrain.runtime.state_transfer.ReplicatedState`).
+    dies). ``state``: what is sent and loaded (:class:`~hpctrain.runtime.state_transfer.ReplicatedState`), or,
+    for sharded state, reloaded from storage by every rank (:class:`~hpctrain.runtime.state_transfer.StoredState`).
     ``run_dir``: where the ``in_job_recovery`` record goes (the source rank writes it; None: only
     :attr:`records`). A rank calls :meth:`start`, :meth:`check` between the backward and the optimizer step,
     :meth:`completed` after every step, :meth:`recover` with the exception a step raised, and :meth:`finish`;
@@ -171,7 +177,7 @@ class InJobRecovery:
         host: str,
         port: int,
         world_size: int,
-        state: tp.Optional[ReplicatedState],
+        state: tp.Optional[tp.Union[ReplicatedState, StoredState]],
         rank: tp.Optional[int] = None,
         spare: tp.Optional[int] = None,
         backend: str = "gloo",
@@ -218,7 +224,7 @@ class InJobRecovery:
         """Form generation 0 (unless :meth:`connect` did) at ``step`` (the restored step, else 0)."""
         if not self._connected:
             self.connect()
-        assert self.state is not None, "InJobRecovery.start: set .state (a ReplicatedState) first"
+        assert self.state is not None, "InJobRecovery.start: set .state (a ReplicatedState or StoredState) first"
         self.step = step
         self.state.boundary()
 
@@ -510,9 +516,13 @@ class InJobRecovery:
             formed = time.time()
             source = int(plan["source_rank"])
             assert self.rank is not None and self.state is not None
-            mine = self.state.payload() if self.rank == source else None
-            got = broadcast_state(mine, src=source, rank=self.rank, device=self.device)
-            self.state.load(got, own=self.rank == source)
+            if isinstance(self.state, StoredState):  # sharded: the newest commit, on every rank
+                resumed, state_from = self.state.reload()
+            else:  # replicated: the agreed step's state from the source's memory
+                mine = self.state.payload() if self.rank == source else None
+                got = broadcast_state(mine, src=source, rank=self.rank, device=self.device)
+                self.state.load(got, own=self.rank == source)
+                resumed, state_from = int(plan["agreed_step"]), "memory"
             transferred = time.time()
         except Exception as exc:  # noqa: BLE001 - any failure here is a second failure: fall back
             if dist.is_initialized():
@@ -524,7 +534,7 @@ class InJobRecovery:
                 self._append({"event": RECORD_EVENT, "time": time.time(), **self._ids(), **plan, "fallback": reason})
             # not `from exc`: the cause stays the first peer failure, which is how the Runner's end classifies it
             raise self._fallback(error or exc, reason)  # noqa: B904
-        self.step = int(plan["agreed_step"])
+        self.step = int(resumed)
         failed_at = plan.get("failed_at")
         self._pending = {
             "event": RECORD_EVENT,
@@ -534,7 +544,11 @@ class InJobRecovery:
             "failed_ranks": plan["failed_ranks"],
             "agreed_step": plan["agreed_step"],
             "interrupted_step": plan["agreed_step"] + 1,
-            "steps_redone": 1,  # the interrupted step: begun by the survivors, completed by none, run again
+            # from memory: the interrupted step only (begun by the survivors, completed by none, run again); from
+            # storage: every step since the commit restored
+            "steps_redone": plan["agreed_step"] + 1 - self.step,
+            "resumed_step": self.step,
+            "state_from": state_from,
             "survivor_steps": plan["survivor_steps"],
             "survivor_errors": plan.get("survivor_errors"),
             "source_rank": plan["source_rank"],

@@ -15,6 +15,9 @@ Two pieces:
   interrupted step leaves them as the last completed step left them; the loader's position, the RNG streams
   and the buffers (BatchNorm statistics) move during the forward, so they are snapshotted at every step
   boundary (:meth:`ReplicatedState.boundary`, small and in memory) and the snapshot is what is sent.
+* :class:`StoredState`: sharded state (FSDP/HSDP), which no survivor holds whole: the dead rank's shards are only
+  in storage. Nothing is sent; every rank of the new generation reloads the newest commit (the node-local tier,
+  the dead rank's shards from their partner copies, else the global tier) through the caller's ``reload``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["broadcast_state", "ReplicatedState", "rng_state", "set_rng_state"]
+__all__ = ["broadcast_state", "ReplicatedState", "StoredState", "rng_state", "set_rng_state"]
 
 
 @dataclass(frozen=True)
@@ -208,3 +211,21 @@ class ReplicatedState:
         for p in self.module.parameters():
             p.grad = None
         self.boundary()
+
+
+class StoredState:
+    """State that comes back from storage, not from a survivor's memory: sharded (FSDP/HSDP) state, of which the
+    dead rank's shards exist nowhere else.
+
+    ``reload()`` is called on every rank of the new generation, in the same order, once its default group is
+    formed (a collective: it builds the sharded modules on the new group and restores the newest commit into
+    them); it returns ``(step, tier)``: the step restored (0: no commit yet, a fresh start) and where it came
+    from (``hpctrain.ckpt.RESTORE_TIERS``: ``global``, ``local`` or ``partner``; ``none`` without a commit). The
+    run goes on after that step, so every step since the commit is redone, as after a restart, but without new
+    processes: the interpreter, torch, the loader and the device context stay."""
+
+    def __init__(self, reload: tp.Callable[[], tp.Tuple[int, str]]) -> None:
+        self.reload = reload
+
+    def boundary(self) -> None:
+        """Nothing to snapshot: what is reloaded is the commit, not this step."""

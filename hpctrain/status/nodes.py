@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typing as tp
 
-__all__ = ["collect_nodes", "render_nodes"]
+__all__ = ["collect_nodes", "describe_nodes", "render_nodes"]
 
 SHOWN = 5
 """The newest node failures and in-job restarts shown (``--json`` has all)."""
@@ -125,14 +125,20 @@ def _recovery(r: tp.Mapping[str, tp.Any]) -> tp.Dict[str, tp.Any]:
         "replaced": pairs,
         "elastic": _elastic(r.get("elastic")),
         "agreed_step": r.get("agreed_step"),
+        # the step it continued after: from memory the agreed one (records before sharded recovery: no field)
+        "resumed_step": r.get("resumed_step") if r.get("resumed_step") is not None else r.get("agreed_step"),
+        "state_from": r.get("state_from") or "memory",
         "steps_redone": r.get("steps_redone"),
         "failure_to_first_step_s": r.get("failure_to_first_step_s"),
         "fallback": r.get("fallback"),
     }
 
 
-def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None], text: tp.Callable[..., str]) -> None:
-    """Lines for the ``status`` view: ``out(markup)``; ``text(value, keep)`` escapes a recorded value."""
+def describe_nodes(report: tp.Mapping[str, tp.Any], text: tp.Callable[..., str]) -> tp.List[tp.Tuple[str, str]]:
+    """``(label, line)`` for each node failure, in-job restart, in-job recovery and the excluded hosts, oldest
+    first, the newest :data:`SHOWN` of each kind: the one wording of ``status`` and ``report``. ``text(value,
+    keep)`` makes a recorded value safe for the reader's medium (rich markup escaped, or plain)."""
+    lines: tp.List[tp.Tuple[str, str]] = []
     for f in (report.get("node_failures") or [])[-SHOWN:]:
         then = (
             "restarted inside the allocation"
@@ -142,29 +148,41 @@ def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None],
             else "not requeued"
         )
         kept = f" (kept {text(','.join(f['not_excluded']), 200)}: bound)" if f["not_excluded"] else ""
-        out(
-            f"[bold]node fail[/]  attempt {text(f['restart_count'])}: {text(f['cause'])} on "
-            f"[yellow]{text(','.join(f['failed_nodes']) or '?', 200)}[/] · {then}{kept}"
+        lines.append(
+            (
+                "node fail",
+                f"attempt {text(f['restart_count'])}: {text(f['cause'])} on "
+                f"{text(','.join(f['failed_nodes']) or '?', 200)} · {then}{kept}",
+            )
         )
     for r in (report.get("in_job_restarts") or [])[-SHOWN:]:
         took = r["failure_to_start_s"]
-        out(
-            f"[bold]spare[/]      attempt {text(r['restart_count'])} -> {text(r['next_restart_count'])} without "
-            f"{text(','.join(r['failed_nodes']), 200)} (spare {text(r['spares_used'])} of {text(r['spares'])})"
-            + (f" · next attempt started {took:.1f}s after the failure" if took is not None else "")
+        lines.append(
+            (
+                "spare",
+                f"attempt {text(r['restart_count'])} -> {text(r['next_restart_count'])} without "
+                f"{text(','.join(r['failed_nodes']), 200)} (spare {text(r['spares_used'])} of {text(r['spares'])})"
+                + (f" · next attempt started {took:.1f}s after the failure" if took is not None else ""),
+            )
         )
     for n in (report.get("nodes_lost") or [])[-SHOWN:]:
         ranks = ",".join(str(x) for x in n["ranks"]) or "?"
-        out(
-            f"[bold]node lost[/]  attempt {text(n['restart_count'])}: [yellow]{text(n['node'], 200)}[/] failed, its "
-            f"step (rank(s) {ranks}) ended · the other nodes' ranks went on (in-job recovery)"
+        lines.append(
+            (
+                "node lost",
+                f"attempt {text(n['restart_count'])}: {text(n['node'], 200)} failed, its step (rank(s) {ranks}) "
+                "ended · the other nodes' ranks went on (in-job recovery)",
+            )
         )
     for r in (report.get("in_job_recoveries") or [])[-SHOWN:]:
         ranks = ",".join(str(x) for x in r["failed_ranks"]) or "?"
         if r["fallback"]:
-            out(
-                f"[bold]recovery[/]   attempt {text(r['restart_count'])}: rank(s) {ranks} lost, in-job recovery fell "
-                f"back: {text(r['fallback'], 200)} · the restart from the last commit takes over"
+            lines.append(
+                (
+                    "recovery",
+                    f"attempt {text(r['restart_count'])}: rank(s) {ranks} lost, in-job recovery fell back: "
+                    f"{text(r['fallback'], 200)} · the restart from the last commit takes over",
+                )
             )
             continue
         by = ", ".join(f"rank {p['rank']} by spare {p['spare']}" for p in r["replaced"])
@@ -173,11 +191,24 @@ def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None],
             dropped = ",".join(str(x) for x in e["dropped"]) or ranks
             by = (f"rank(s) {dropped} dropped (no spare left), the run went on at a smaller world of "
                   f"{e['world_size']} (was {e['world_size_was']}; the next attempt is full size)")  # fmt: skip
-        took = r["failure_to_first_step_s"]
-        out(
-            f"[bold]recovered[/]  attempt {text(r['restart_count'])}, generation {text(r['generation'])}: {by or ranks}"
-            f" in the job · continued after step {text(r['agreed_step'])}, {text(r['steps_redone'])} step redone"
-            + (f" · first step {took:.1f}s after the failure" if isinstance(took, (int, float)) else "")
+        took, source = r["failure_to_first_step_s"], r.get("state_from", "memory")
+        reloaded = f" · sharded state reloaded from the {text(source)} tier" if source != "memory" else ""
+        redone = r["steps_redone"]
+        lines.append(
+            (
+                "recovered",
+                f"attempt {text(r['restart_count'])}, generation {text(r['generation'])}: {by or ranks} in the job"
+                f"{reloaded} · continued after step {text(r.get('resumed_step', r['agreed_step']))}, {text(redone)} "
+                f"step{'' if redone == 1 else 's'} redone"
+                + (f" · first step {took:.1f}s after the failure" if isinstance(took, (int, float)) else ""),
+            )
         )
     if report.get("excluded_nodes"):
-        out(f"[bold]excluded[/]   {text(','.join(report['excluded_nodes']), 400)} (scontrol ExcNodeList of the job)")
+        lines.append(("excluded", f"{text(','.join(report['excluded_nodes']), 400)} (scontrol ExcNodeList of the job)"))
+    return lines
+
+
+def render_nodes(report: tp.Mapping[str, tp.Any], out: tp.Callable[[str], None], text: tp.Callable[..., str]) -> None:
+    """Lines for the ``status`` view: ``out(markup)``; ``text(value, keep)`` escapes a recorded value."""
+    for label, line in describe_nodes(report, text):
+        out(f"[bold]{label:<10}[/] {line}")

@@ -271,6 +271,8 @@ SCHEMAS: tp.Dict[str, tp.Dict[str, Field]] = {
         "generation": Int(0),
         "agreed_step": STEP,
         "interrupted_step": STEP,
+        "resumed_step": STEP,  # the step it continued after: the agreed one from memory, the commit from storage
+        "state_from": Str(),  # memory, or the tier the sharded state was reloaded from (local, partner, global)
         "steps_redone": Int(0),
         "source_rank": RANK,
         "world_size": WORLD,

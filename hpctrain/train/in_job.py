@@ -26,8 +26,15 @@ What the Trainer does with it, on every rank (docs/preemption.md, "In-job recove
 
 Anything the path cannot handle falls back with one line (:class:`~hpctrain.errors.InJobRecoveryFallback`, a peer
 failure to the Runner): no spare left (without shrink, or a smaller world that cannot take the run), a second
-failure, a failure outside the step loop (restore, the final save). Under fsdp/hsdp the state is sharded, not
-replicated: recovery is off, said in one line.
+failure, a failure outside the step loop (restore, the final save).
+
+* **sharded state** (``parallel.mode`` fsdp/hsdp, checkpointing on): no survivor holds the dead rank's shards, so
+  the state comes from storage, not memory (:class:`~hpctrain.runtime.state_transfer.StoredState`): on the new
+  generation's group every rank builds the sharded model anew (a new mesh; the optimizer, scheduler, scaler with
+  it) and restores the newest commit through the Checkpointer (the node-local tier, the dead rank's shards from
+  their partner copies, else the global tier), the loader's position with it; the steps since that commit are
+  redone. A warm spare of such a run builds its model only then (it has no group to shard it over before). No
+  smaller world: the restore would need the run's own sharding at that size (the next attempt is full size).
 """
 
 from __future__ import annotations
@@ -42,9 +49,12 @@ import torch
 from hpctrain.errors import UsageError
 from hpctrain.runtime.recovery import InJobRecovery, Recovered
 from hpctrain.runtime.recovery_config import SPARE_ENV, SPARES_ENV, STORE_ENV, spare_from_environ, took_rank
-from hpctrain.runtime.state_transfer import ReplicatedState
+from hpctrain.runtime.state_transfer import ReplicatedState, StoredState
 
-__all__ = ["InJob", "STORE_ENV", "SPARE_ENV", "SPARES_ENV", "spare_index"]
+__all__ = ["InJob", "STORE_ENV", "SPARE_ENV", "SPARES_ENV", "spare_index", "SHARDED_MODES"]
+
+SHARDED_MODES = ("fsdp", "hsdp")
+"""``TrainConfig.parallel.mode`` values whose state no survivor holds whole: recovered from storage."""
 
 
 def _line(text: str) -> None:
@@ -73,6 +83,10 @@ class InJob:
     def __init__(self, trainer: tp.Any, config: tp.Any, host: str, port: int, spare: tp.Optional[int]) -> None:
         ctx = trainer.ctx
         self.ctx, self.spare, self.device, self.trainer = ctx, spare, trainer.device, trainer
+        self.sharded = trainer.config.parallel.mode in SHARDED_MODES
+        """The state comes back from storage on every rank (StoredState), not from a survivor's memory."""
+        self._tier = "none"
+        """Where the last reload of sharded state came from (``hpctrain.ckpt.RESTORE_TIERS``, or none)."""
         self._built: tp.Any = None
         backend = getattr(ctx, "backend", None) or ("nccl" if trainer.device.type == "cuda" else "gloo")
         who = {"spare": spare} if spare is not None else {"rank": trainer.rank}
@@ -104,12 +118,16 @@ class InJob:
                 _line(f"off (TrainConfig.recovery is {'None' if cfg is None else 'disabled'}): spare {spare} idle")
             return None
         mode = trainer.config.parallel.mode
-        if mode != "ddp":
+        if mode in SHARDED_MODES and not trainer.config.checkpoint.enabled:
             if speaks:
                 _line(
-                    f"off: TrainConfig.parallel.mode={mode!r} shards the state, which no survivor holds whole; "
-                    "a failure restarts from the last commit"
+                    f"off: TrainConfig.parallel.mode={mode!r} shards the state, which no survivor holds whole, and "
+                    "checkpointing is off: there is no commit to recover it from"
                 )
+            return None
+        if mode not in ("ddp", *SHARDED_MODES):
+            if speaks:
+                _line(f"off: TrainConfig.parallel.mode={mode!r} has no recovery in the job")
             return None
         if trainer.world_size < 2:
             if speaks:
@@ -144,6 +162,9 @@ class InJob:
     def _can_shrink(self, world_size: int) -> tp.Optional[str]:
         """Why this run cannot go on at ``world_size`` ranks (RecoveryConfig.shrink), or None."""
         t = self.trainer
+        if self.sharded:
+            return (f"TrainConfig.parallel.mode={t.config.parallel.mode!r}: the sharded state is recovered at the "
+                    "run's own world size only")  # fmt: skip
         if callable(t.data):
             return "Trainer(data=...) is a data factory, which cannot be split over fewer ranks (H5DataConfig can)"
         for name, cfg in (("data", t.data), ("eval_data", getattr(t, "eval_data", None))):
@@ -186,6 +207,9 @@ class InJob:
     def attach(self, b: tp.Any) -> None:
         """What a survivor sends and a replacement receives: the built objects of this ``fit``."""
         self._built = b
+        if self.sharded:
+            self.rec.state = StoredState(self._reload)
+            return
         self.rec.state = ReplicatedState(
             module=b.module,
             optimizer=b.optimizer,
@@ -230,16 +254,60 @@ class InJob:
         return got
 
     # ------------------------------------------------------------------------------------ both
-    def _rejoin(self, trainer: tp.Any, b: tp.Any, got: Recovered) -> None:
-        """On every rank of the new generation, in the same order (collectives): DDP anew, the Checkpointer anew."""
-        from hpctrain.runtime.process_group import wrap_ddp
+    def _reload(self) -> tp.Tuple[int, str]:
+        """Sharded state, on every rank of the new generation in the same order (collectives): the model built and
+        sharded anew on this generation's group, the newest commit restored into it; ``(step, tier)``."""
+        t, b = self.trainer, self._built
+        if t.rank == 0 and t.identity is None:  # a spare in rank 0's place: the tiers are keyed by rank 0's identity
+            from hpctrain.run import run_identity
 
-        b.model = wrap_ddp(b.module, self.device)
+            value = run_identity(t.run_dir)[0]
+            t.identity = {"identity": value} if value else None
+        fresh = t._build(with_loader=False)  # seeded as at a start: a restore then makes it the commit's state
+        b.model, b.module, b.optimizer, b.scheduler = fresh.model, fresh.module, fresh.optimizer, fresh.scheduler
+        b.scaler, b.autocast, b.mesh = fresh.scaler, fresh.autocast, fresh.mesh
+        self._drop_checkpointer(b)
+        got = t._restore(b)  # opens the Checkpointer on this generation's group; the loader's position with it
+        if got is None:  # nothing committed yet: the run starts over, from the seeded build
+            if b.loader is not None:
+                b.loader.load_state_dict({})
+            self._tier = "none"
+            return 0, self._tier
+        self._tier = str(getattr(got, "tier", "global"))
+        return int(got.step), self._tier
+
+    def rewound(self, rec: tp.Any, step: int) -> None:
+        """After a recovery from storage went back to ``step`` (before the last interval's start): the metrics
+        interval restarts there, and rank 0's live TensorBoard run drops the steps after it (they are redone)."""
+        from hpctrain.train.tensorboard import LiveWriter
+
+        rec.start_interval(step)
+        if rec.tensorboard is not None:
+            rec.tensorboard.close()
+            rec.tensorboard = LiveWriter(self.trainer.config.tensorboard_dir(self.trainer.run_dir), start_step=step)
+
+    @staticmethod
+    def _drop_checkpointer(b: tp.Any) -> None:
         old, b.ckpt = b.ckpt, None
         if old is not None:
             threading.Thread(target=_drop, args=(old,), name="hpctrain-drop-checkpointer", daemon=True).start()
-        trainer._open_checkpointer(b)
+
+    def _rejoin(self, trainer: tp.Any, b: tp.Any, got: Recovered) -> None:
+        """On every rank of the new generation, in the same order (collectives): DDP anew, the Checkpointer anew
+        (sharded state: both done by :meth:`_reload`)."""
+        if not self.sharded:
+            from hpctrain.runtime.process_group import wrap_ddp
+
+            b.model = wrap_ddp(b.module, self.device)
+            self._drop_checkpointer(b)
+            trainer._open_checkpointer(b)
         plan = got.plan
+        if self.sharded:
+            if trainer.rank == 0 or self.spare is not None:
+                where = f"the {self._tier} tier" if self._tier != "none" else "no commit (from the start)"
+                _line(f"generation {got.generation}: failed rank(s) {plan['failed_ranks']} replaced; the sharded "
+                      f"state reloaded from {where}: continuing after step {got.step}")  # fmt: skip
+            return
         source = int(plan["source_rank"])
         elastic = plan.get("elastic")
         if elastic and trainer.rank == source:

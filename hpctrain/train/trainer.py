@@ -176,7 +176,9 @@ class Trainer:
         if spare_index(self.ctx) is not None and not spare:  # a warm spare of a run that cannot use it
             return FitResult(0, 0, None, 0, None, None, False, time.perf_counter() - t_fit, None)
         records = AttemptRecords(self.ctx, self.run_dir, rank=self.rank, world_size=self.world_size, config=self.config)
-        built = watchdog.during("startup", self._build, not spare)
+        # a warm spare of sharded state has no group to shard its model over yet: built when it joins (in_job)
+        deferred = spare and self.in_job is not None and self.in_job.sharded
+        built = watchdog.during("startup", self._build, not spare, not deferred)
         joined = self.in_job.stand_by(self, built) if self.in_job is not None and spare else None
         if spare and joined is None:  # released at the end of a run that did not need this spare
             self.in_job.finish()  # type: ignore[union-attr]
@@ -246,11 +248,14 @@ class Trainer:
                 self.in_job.finish()  # idle spares released, the recovery's group left
             watchdog.leave()  # what the entry does after fit() reports no progress: not watched as a hang
 
-    def _build(self, with_loader: bool = True) -> _Built:
+    def _build(self, with_loader: bool = True, with_model: bool = True) -> _Built:
         """Seed, then build the model (the same weights on every rank) and spread it over the ranks as
         ``TrainConfig.parallel`` says (:mod:`hpctrain.train.parallel`), the optimizer over this rank's
-        parameters (its shards under fsdp), scheduler and (fp16) grad scaler, and this rank's loader."""
+        parameters (its shards under fsdp), scheduler and (fp16) grad scaler, and this rank's loader.
+        ``with_model=False``: none of these yet (a warm spare of sharded state; its fields are None)."""
         cfg = self.config
+        if not with_model:
+            return _Built(None, None, None, None, None, None, contextlib.nullcontext())  # type: ignore[arg-type]
         _seed_everything(cfg.seed)
         cache = use_compile_cache(compile_cache_dir(cfg.parallel, self.run_dir))
         if cache is not None and self.rank == 0:  # a requeue on other nodes finds what the last attempt compiled
@@ -464,6 +469,10 @@ class Trainer:
                         raise
                     step = progress.step = self.in_job.recover(exc, self, b)  # raises what it cannot recover
                     saver.ckpt, saver.loader = b.ckpt, b.loader
+                    # sharded state was rebuilt and restored from storage: new objects, and maybe older steps
+                    saver.state.update(model=b.module, optimizer=b.optimizer, scheduler=b.scheduler, scaler=b.scaler)
+                    if step < rec.last_step:
+                        self.in_job.rewound(rec, step)
                     if rec.world_size != self.world_size:  # continued at a smaller world (RecoveryConfig.shrink)
                         self.in_job.resized(rec, records, evaluator, step)
                     batches = warm_up_buckets(

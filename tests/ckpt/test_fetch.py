@@ -284,3 +284,31 @@ def test_ranks_behind_one_host_name_without_a_shared_dev_shm_fall_back_to_gloo(t
     run_world(fw.save, 3, str(tmp_path / "ck"), [1, 2])
     got = run_world(fw.separate_node_dirs, 3, str(tmp_path / "ck"), str(tmp_path / "shm")).results
     assert got == [{"step": 2, "exact": True, "left": []}] * 3
+
+
+def test_a_tensor_split_over_shards_end_to_end_in_the_buffer_is_a_view_and_an_unaligned_one_a_copy():
+    """``_Views``: a tensor stored in range pieces that lie end to end in the packed buffer (the save's aligned cut)
+    becomes a view of the buffer, with no copy; pieces with bytes between them (an older save's unaligned cut)
+    are assembled. Both give the stored values."""
+    import torch
+
+    from hpctrain.ckpt._fetch import _Views, pack
+    from hpctrain.ckpt._reader import PieceRef, StoredTensor
+
+    values = torch.arange(40, dtype=torch.float32)
+    # 16 elements (64 bytes) at the end of shard 0's data, 24 at the start of shard 1's: end to end once packed
+    aligned = StoredTensor("float32", (40,), [PieceRef(0, 16, 0, 128, 64), PieceRef(16, 40, 1, 192, 96)])
+    # 10 elements (40 bytes: not a multiple of 64): the next region starts 64-byte aligned, 24 bytes later
+    unaligned = StoredTensor("float32", (40,), [PieceRef(0, 10, 2, 128, 40), PieceRef(10, 40, 3, 192, 120)])
+    stored = {"a": aligned, "u": unaligned}
+    regions, at, total = pack(stored, ["a", "u"])
+    buf = torch.zeros(total, dtype=torch.uint8)
+    for st in stored.values():
+        for p in st.pieces:
+            o = at[(p.shard, p.pos)]
+            buf[o : o + p.nbytes] = values[p.start : p.stop].view(torch.uint8)
+    views = _Views(buf, at)
+    out, rest = views.views(stored, ["a", "u"])
+    assert list(out) == ["a"] and rest == ["u"]
+    assert out["a"].untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()  # a view, not a copy
+    assert torch.equal(out["a"], values) and torch.equal(views.assemble(unaligned), values)

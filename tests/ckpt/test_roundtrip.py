@@ -67,6 +67,21 @@ def test_multi_rank_round_trip_is_bit_exact_on_every_rank(tmp_path, world):
     assert all(r["step"] == 2 and r["data_state"] == {"epoch": 2, "samples": 200} and r["rng_restored"] for r in res)
 
 
+def test_ranks_that_see_different_committed_steps_restore_the_newest_step_they_all_see(tmp_path):
+    """The ranks agree on the committed steps by a digest of each rank's list; where the lists differ (a step one
+    rank does not see), they gather the lists and restore the newest step every rank sees."""
+    import shutil
+
+    src = tmp_path / "src"
+    run_world(w.save_steps, 2, str(src), [1, 2])
+    for r in (0, 1):
+        shutil.copytree(src, tmp_path / f"r{r}")
+    shutil.rmtree(tmp_path / "r1" / "step-000000002")
+    res = run_world(w.restore_hash_own_dir, 2, str(tmp_path)).results
+    assert [(r["step"], r["hash"]) for r in res] == [(1, w.expected_hash(1))] * 2
+    assert all(not r["quarantined"] for r in res)
+
+
 def test_world_size_change_n_to_m_and_digest_is_world_size_independent(tmp_path):
     d4, d1 = tmp_path / "w4", tmp_path / "w1"
     run_world(w.save_steps, 4, str(d4), [7])

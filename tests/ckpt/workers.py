@@ -144,6 +144,11 @@ def restore_hash(rank: int, world: int, d: str, **kw: tp.Any) -> tp.Optional[tp.
     }
 
 
+def restore_hash_own_dir(rank: int, world: int, d: str) -> tp.Optional[tp.Dict[str, tp.Any]]:
+    """:func:`restore_hash` from ``d/r<rank>``: each rank its own copy of the checkpoint directory."""
+    return restore_hash(rank, world, os.path.join(d, f"r{rank}"))
+
+
 def expected_hash(step: int) -> str:
     model, opt, sched = build(seed=step)
     return state_hash(model, opt, sched)

@@ -163,3 +163,38 @@ def test_capacity_section_says_why_there_is_no_plot(synthetic):
     assert "capacity" in section.lower() and (
         '<img alt="capacity plot" src="data:image/' in section or "No capacity" in section
     )
+
+
+def test_failures_and_in_job_recoveries_are_worded_as_status_words_them(synthetic):
+    """The page's 'Failures and recoveries' table: a rank a warm spare replaced in the job and a fallback, each in
+    status's wording (one owner: status.nodes), recorded text escaped."""
+    run, _ = synthetic
+    ledger = RunDir(run).train / "ledger.jsonl"
+    common = {"schema": "hpctrain.train.ledger/1", "job_id": "77", "restart_count": 1}
+    extra = [
+        {**common, "event": "in_job_recovery", "time": 1_790_000_400.0, "generation": 1, "failed_ranks": [3],
+         "agreed_step": 129, "steps_redone": 1, "replaced": [{"rank": 3, "spare": 0}],
+         "failure_to_first_step_s": 1.57, "fallback": None},
+        {**common, "event": "in_job_recovery", "time": 1_790_000_500.0, "generation": 2, "failed_ranks": [1],
+         "replaced": [], "fallback": "no warm spare left for <rank(s)> [1]"},
+    ]  # fmt: skip
+    with ledger.open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in extra)
+    assert main([str(run)]) == 0
+    page = RunDir(run).report.read_text()
+    table = page.split("<h3>Failures and recoveries</h3>", 1)[1].split("</table>", 1)[0]
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", table, flags=re.S)]
+    assert cells[0::2] == ["recovered", "recovery"], cells
+    assert any(
+        c.startswith("attempt 1, generation 1: rank 3 by spare 0 in the job · continued after step 129, 1 step redone")
+        and "first step 1.6s after the failure" in c
+        for c in cells
+    ), cells
+    assert any("fell back: no warm spare left for &lt;rank(s)&gt; [1]" in c for c in cells), cells
+    assert self_contained_problems(page) == []
+
+
+def test_a_run_without_failures_has_no_failures_table(synthetic):
+    run, _ = synthetic  # its requeue names no failed node: nothing to list
+    assert main([str(run)]) == 0
+    assert "Failures and recoveries" not in RunDir(run).report.read_text()

@@ -253,13 +253,20 @@ def test_a_world_that_cannot_take_the_run_is_named_in_the_fallback():
     from hpctrain.train.in_job import InJob
 
     job = InJob.__new__(InJob)
-    job.trainer = _trainer(types.SimpleNamespace(global_batch_size=24))
+    job.trainer, job.sharded = _trainer(types.SimpleNamespace(global_batch_size=24)), False
     assert job._can_shrink(2) is None and job._can_shrink(3) is None
     assert job._can_shrink(5) == "the data's H5DataConfig.global_batch_size=24 is not divisible by 5"
     job.trainer = _trainer(types.SimpleNamespace(global_batch_size=24), types.SimpleNamespace(global_batch_size=9))
     assert job._can_shrink(2) == "the eval_data's H5DataConfig.global_batch_size=9 is not divisible by 2"
     job.trainer = _trainer(lambda start: iter(()))
     assert "a data factory, which cannot be split over fewer ranks" in job._can_shrink(2)
+    job.sharded = True  # fsdp/hsdp: its state is recovered from storage at the run's own size only
+    job.trainer = _trainer(types.SimpleNamespace(global_batch_size=24))
+    job.trainer.config = types.SimpleNamespace(parallel=types.SimpleNamespace(mode="fsdp"))
+    assert (
+        job._can_shrink(2)
+        == "TrainConfig.parallel.mode='fsdp': the sharded state is recovered at the run's own world size only"
+    )
 
 
 def test_the_smaller_world_renumbers_the_survivors_in_rank_order():
