@@ -20,6 +20,7 @@ import typing as tp
 
 import pytest
 
+from tests.cluster.figures import recovery_figure
 from tests.cluster.nodes import failed_node, rank_host
 from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_node_failure import _figure as _restart_figure
@@ -67,20 +68,9 @@ def _fail_second_node(run_dir: tp.Any, job: str, until: tp.Callable[[], tp.Any])
 
 
 def _figure(name: str, record: tp.Mapping[str, tp.Any], failed_at: float, load: float, **extra: tp.Any) -> None:
-    fig = {
-        "run": name,
-        "failure_to_first_step_s": round(record["failure_to_first_step_s"], 2),
-        "fail_node_to_first_step_s": round(record["first_step_at"] - failed_at, 2),
-        "phases_s": {k: round(v, 3) for k, v in record["phases_s"].items() if v is not None},
-        "agreed_step": record["agreed_step"],
-        "steps_redone": record["steps_redone"],
-        "load_average_1m": round(load, 2),
-        **extra,
-    }
-    print(f"figures {json.dumps(fig)}")
-    if os.environ.get("HPCTRAIN_FIGURES"):
-        with open(os.environ["HPCTRAIN_FIGURES"], "a") as f:
-            f.write(json.dumps(fig) + "\n")
+    recovery_figure(
+        name, record, load, fail_node_to_first_step_s=round(record["first_step_at"] - failed_at, 2), **extra
+    )
 
 
 def _complete(record: tp.Mapping[str, tp.Any]) -> bool:

@@ -17,6 +17,7 @@ import typing as tp
 
 import pytest
 
+from tests.cluster.figures import recovery_figure
 from tests.cluster.preempt_entry import write_data
 from tests.cluster.test_node_failure import _submit
 from tests.cluster.test_preemption import STEPS, _calls, _exits, _ledger, _restarts, _starts, _wait
@@ -56,19 +57,7 @@ def test_a_killed_rank_is_replaced_by_a_warm_spare_inside_the_step(tmp_path):
     assert model_digest(run_dir, STEPS) == model_digest(ref, STEPS)
 
     (killed,) = [c["killed"] for c in _calls(run_dir, 0, rank=3) if "killed" in c]
-    fig = {
-        "run": "warm spare",
-        "failure_to_first_step_s": round(record["failure_to_first_step_s"], 2),
-        "kill_to_first_step_s": round(record["first_step_at"] - killed, 2),
-        "phases_s": {k: round(v, 3) for k, v in record["phases_s"].items() if v is not None},
-        "agreed_step": record["agreed_step"],
-        "steps_redone": record["steps_redone"],
-        "load_average_1m": round(load, 2),
-    }
-    print(f"figures {json.dumps(fig)}")
-    if os.environ.get("HPCTRAIN_FIGURES"):
-        with open(os.environ["HPCTRAIN_FIGURES"], "a") as f:
-            f.write(json.dumps(fig) + "\n")
+    recovery_figure("warm spare", record, load, kill_to_first_step_s=round(record["first_step_at"] - killed, 2))
 
 
 SHRINK_BATCH = 24  # divisible by 4 and by 3: the smaller world of 3 ranks takes it, 8 samples a rank
@@ -130,15 +119,5 @@ def test_without_a_spare_node_the_survivors_go_on_at_a_smaller_world_inside_the_
     assert model_digest(run_dir, STEPS)  # the smaller world committed the last step (not bit-equal: see the docs)
 
     (killed,) = [c["killed"] for c in _calls(run_dir, 0, rank=3) if "killed" in c]
-    fig = {
-        "run": "smaller world (no spare)",
-        "failure_to_first_step_s": round(record["failure_to_first_step_s"], 2),
-        "kill_to_first_step_s": round(record["first_step_at"] - killed, 2),
-        "phases_s": {k: round(v, 3) for k, v in record["phases_s"].items() if v is not None},
-        "worst_loss_rel_diff": worst,
-        "load_average_1m": round(load, 2),
-    }
-    print(f"figures {json.dumps(fig)}")
-    if os.environ.get("HPCTRAIN_FIGURES"):
-        with open(os.environ["HPCTRAIN_FIGURES"], "a") as f:
-            f.write(json.dumps(fig) + "\n")
+    taken = round(record["first_step_at"] - killed, 2)
+    recovery_figure("smaller world (no spare)", record, load, kill_to_first_step_s=taken, worst_loss_rel_diff=worst)
