@@ -43,7 +43,14 @@ from hpctrain.launch.exclusion import SPARES_LEFT_ENV, exclude_hosts
 from hpctrain.launch.records import committed_progress
 from hpctrain.ledger import Ledger
 from hpctrain.rundir import RunDir
-from hpctrain.runtime.env import ATTEMPT_ENV, NODE_INDEX_ENV, TRAINING_NODES_ENV, expand_hostlist, slurm_job_id
+from hpctrain.runtime.env import (
+    ATTEMPT_ENV,
+    NODE_INDEX_ENV,
+    TRAINING_NODES_ENV,
+    expand_hostlist,
+    node_ranks,
+    slurm_job_id,
+)
 
 __all__ = ["next_attempt", "step_argv", "SpareLoop", "main"]
 
@@ -249,6 +256,7 @@ class SpareLoop:
                 "node_index": index,
                 "exit_code": rc,
                 "tasks": self.tasks_per_node,
+                "ranks": node_ranks(index, self.tasks_per_node),
             }
         )
 

@@ -36,6 +36,7 @@ __all__ = [
     "NODE_INDEX_ENV",
     "TRAINING_NODES_ENV",
     "node_step_environ",
+    "node_ranks",
 ]
 
 PORT_BASE = 20000
@@ -186,6 +187,12 @@ def slurm_job_id(environ: tp.Mapping[str, str] = os.environ) -> str:
     return f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
 
 
+def node_ranks(index: int, per_node: int) -> tp.List[int]:
+    """The global ranks of the tasks of training node ``index`` when each node runs its own step of ``per_node``
+    tasks: the offset rule, ``index x per_node + SLURM_PROCID``."""
+    return [index * per_node + local for local in range(per_node)]
+
+
 def node_step_environ(environ: tp.Mapping[str, str]) -> tp.Dict[str, str]:
     """The environment of a task of one node's step, as a task of one step over every training node would see it.
 
@@ -210,11 +217,12 @@ def node_step_environ(environ: tp.Mapping[str, str]) -> tp.Dict[str, str]:
             f"{environ.get('SLURM_STEP_NUM_NODES')} node(s) and {per_node} task(s): it is for one node's step"
         )
     world = len(hosts) * per_node
+    ranks = node_ranks(index, per_node)
     tasks = f"{per_node}(x{len(hosts)})" if len(hosts) > 1 else str(per_node)
     out.update(
-        SLURM_PROCID=str(index * per_node + local),
+        SLURM_PROCID=str(ranks[local]),
         SLURM_NODEID=str(index),
-        SLURM_GTIDS=",".join(str(index * per_node + i) for i in range(per_node)),
+        SLURM_GTIDS=",".join(map(str, ranks)),
         SLURM_STEP_NODELIST=",".join(hosts),
         SLURM_STEP_NUM_NODES=str(len(hosts)),
         SLURM_STEP_NUM_TASKS=str(world),

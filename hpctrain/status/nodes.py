@@ -79,11 +79,9 @@ def collect_nodes(ledger: tp.Sequence[tp.Mapping[str, tp.Any]]) -> tp.Dict[str, 
     recoveries = [_recovery(r) for r in ledger if r.get("event") == "in_job_recovery"]
     lost = []
     for r in ledger:
-        if r.get("event") == "node_lost" and isinstance(r.get("node"), str):
-            index, tasks = r.get("node_index"), r.get("tasks")
-            ranks = list(range(index * tasks, (index + 1) * tasks)) if isinstance(index, int) and tasks else []
+        if r.get("event") == "node_lost" and isinstance(r.get("node"), str):  # its ranks as the loop recorded them
             lost.append({"job_id": r.get("job_id"), "restart_count": r.get("restart_count"), "node": r["node"],
-                         "time": r.get("time"), "ranks": ranks})  # fmt: skip
+                         "time": r.get("time"), "ranks": _ints(r.get("ranks"))})  # fmt: skip
     return {
         "nodes_lost": lost,
         "node_failures": failures,
@@ -191,14 +189,14 @@ def describe_nodes(report: tp.Mapping[str, tp.Any], text: tp.Callable[..., str])
             dropped = ",".join(str(x) for x in e["dropped"]) or ranks
             by = (f"rank(s) {dropped} dropped (no spare left), the run went on at a smaller world of "
                   f"{e['world_size']} (was {e['world_size_was']}; the next attempt is full size)")  # fmt: skip
-        took, source = r["failure_to_first_step_s"], r.get("state_from", "memory")
+        took, source = r["failure_to_first_step_s"], r["state_from"]
         reloaded = f" · sharded state reloaded from the {text(source)} tier" if source != "memory" else ""
         redone = r["steps_redone"]
         lines.append(
             (
                 "recovered",
                 f"attempt {text(r['restart_count'])}, generation {text(r['generation'])}: {by or ranks} in the job"
-                f"{reloaded} · continued after step {text(r.get('resumed_step', r['agreed_step']))}, {text(redone)} "
+                f"{reloaded} · continued after step {text(r['resumed_step'])}, {text(redone)} "
                 f"step{'' if redone == 1 else 's'} redone"
                 + (f" · first step {took:.1f}s after the failure" if isinstance(took, (int, float)) else ""),
             )

@@ -205,6 +205,7 @@ def test_a_failed_nodes_step_ending_early_leaves_the_other_nodes_step_running_to
     assert loop.run() == 0 and len(steps) == 2  # one attempt: no restart while the in-job recovery succeeded
     (lost,) = Ledger(tmp_path).records("node_lost")
     assert (lost["node"], lost["node_index"], lost["restart_count"], lost["tasks"]) == ("node2", 1, 0, 2)
+    assert lost["ranks"] == [2, 3]  # runtime.env.node_ranks: the offset rule's one owner
     assert Ledger(tmp_path).records("in_job_restart") == []
 
 

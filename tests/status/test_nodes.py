@@ -132,7 +132,7 @@ def test_status_names_a_failed_node_whose_step_ended_while_the_others_recovered_
     ledger = Ledger(tmp_path)
     ledger.append({"event": "start", "time": now - 100, "job_id": "9", "restart_count": 0, "hosts": ["n1", "n2"]})
     ledger.append({"event": "node_lost", "time": now - 61, "job_id": "9", "restart_count": 0, "node": "n2",
-                   "node_index": 1, "exit_code": 0, "tasks": 2})  # fmt: skip
+                   "node_index": 1, "exit_code": 0, "tasks": 2, "ranks": [2, 3]})  # fmt: skip
     ledger.append({"event": "in_job_recovery", "time": now - 60, "job_id": "9", "restart_count": 0, "generation": 1,
                    "failed_ranks": [2, 3], "agreed_step": 24, "steps_redone": 1, "fallback": None,
                    "replaced": [{"rank": 2, "by": "s0", "spare": 0}, {"rank": 3, "by": "s1", "spare": 1}],
