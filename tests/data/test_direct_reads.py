@@ -1,0 +1,54 @@
+"""The contiguous (pread) read path: samples scattered straight into the batch rows, blocks in the order the
+task needs them, small keys (labels) read with the small gaps between their blocks. Whatever the order of the
+reads, every row must hold its sample, across files, block edges and repeats."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+from hpctrain.data._h5 import _GAP_BYTES, Reader, scan
+
+
+def _write(path, start, n):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(start, start + n, dtype=np.float32)[:, None].repeat(80, 1))
+        f.create_dataset("y", data=np.arange(start, start + n, dtype=np.int64))
+
+
+def _batches(rng, n, sizes):
+    return [rng.integers(0, n, size=s) for s in sizes]
+
+
+def test_scattered_ids_over_two_files_land_in_their_rows(tmp_path):
+    _write(tmp_path / "a.h5", 0, 700)
+    _write(tmp_path / "b.h5", 700, 500)
+    lay = scan([str(tmp_path / "a.h5"), str(tmp_path / "b.h5")], ["x", "y"], block_bytes=20 * 320)
+    assert all(fi.keys["x"].offset is not None for fi in lay.files)  # the preadv path, not libhdf5
+    rng = np.random.default_rng(3)
+    reader = Reader(lay)
+    for sizes in ([64, 64, 64], [1], [200, 7]):
+        ids = _batches(rng, lay.num_samples, sizes)
+        ids[0][-3:] = ids[0][0]  # a repeated sample (padding) in a batch and across batches
+        ids[-1][0] = ids[0][0]
+        outs = [{"x": np.full((s, 80), -1, np.float32), "y": np.full(s, -1, np.int64)} for s in sizes]
+        reader.read(ids, outs)
+        for i, out in zip(ids, outs):
+            np.testing.assert_array_equal(out["y"], i)
+            np.testing.assert_array_equal(out["x"], i[:, None].astype(np.float32).repeat(80, 1))
+    reader.close()
+
+
+def test_label_reads_take_small_gaps_only(tmp_path):
+    _write(tmp_path / "a.h5", 0, 20000)
+    lay = scan([str(tmp_path / "a.h5")], ["y"], block_bytes=8 * 100)  # 100 labels a block: 200 blocks
+    reader = Reader(lay)
+    ids = np.array([0, 19999, 150, 1000])  # blocks 0, 1, 10, 199: gaps of 0, 8, 188 blocks
+    out = {"y": np.empty(4, np.int64)}
+    reader.read([ids], [out])
+    np.testing.assert_array_equal(out["y"], ids)
+    # blocks 0-10 in one read (its 8-block gap is 6.4 kB); block 199 alone: 188 blocks apart is more than
+    # _GAP_BYTES, so the gap is not read
+    assert 188 * 800 > _GAP_BYTES
+    assert reader.bytes_read == (11 + 1) * 100 * 8
+    reader.close()
