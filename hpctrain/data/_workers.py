@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import math
 import mmap
 import multiprocessing as mp
 import os
 import re
+import select
 import signal
 import tempfile
 import time
@@ -369,6 +371,13 @@ class WorkerPool:
                 self.procs.append(p)
                 self.conns.append(mine)
             _LIVE_POOLS.add(self)
+            # one poll set for the pool's life: the loader asks "is this task done?" for every batch, and
+            # multiprocessing.connection.wait builds and fills a new selector on each call (half of the
+            # consumer's CPU in issue 34's profile)
+            self._poller = select.poll()
+            self._by_fd = {conn.fileno(): i for i, conn in enumerate(self.conns)}
+            for fd in self._by_fd:
+                self._poller.register(fd, select.POLLIN)
         except BaseException:
             self.close()
             raise
@@ -388,14 +397,13 @@ class WorkerPool:
 
     def _receive(self, timeout: float, startup: bool = False) -> tp.List[tp.Tuple[str, int, tp.Any]]:
         """Messages available within ``timeout``; raises for a worker error, a dead worker or a time-out."""
-        from multiprocessing.connection import wait
-
         deadline = time.monotonic() + timeout
         while True:
-            ready = wait(self.conns, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            wait_ms = math.ceil(1000 * min(0.5, max(0.0, deadline - time.monotonic())))
             out = []
-            for conn in ready:
-                i = self.conns.index(conn)
+            for fd, _events in self._poller.poll(wait_ms):  # POLLHUP/POLLERR too: recv then says EOF
+                i = self._by_fd[fd]
+                conn = self.conns[i]
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
@@ -462,4 +470,5 @@ class WorkerPool:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
+        self._poller, self._by_fd = select.poll(), {}  # nothing left to poll
         _LIVE_POOLS.discard(self)
