@@ -14,7 +14,9 @@ and chunked (64 samples a chunk) gzip level 4. Page cache warm. For each:
 ``--repeat N`` rounds, interleaved: each round measures ceiling, peer and hpctrain of both variants once, in
 that order, and takes the ratios within the round; the top-level ratios and ``samples_per_s`` are the medians
 over the rounds, ``spread`` has every figure's median and min-max, ``rounds`` each round's figures and the 1-min
-load average before / after it (``load_changed``: it moved by more than one core; see ``_rounds.py``).
+load average before / after it (``load_changed``: it moved by more than one core; see ``_rounds.py``) and
+``foreign_cpu_s.<variant>``: CPU-seconds that other processes took while hpctrain's loader was timed (its two
+workers need both cores of a 2-core machine where the ceiling needs one, so other work lowers the ratio).
 Rates are steady state (timed from the first batch, so worker start-up is excluded for both loaders).
 Plus: loader RSS at 10x the data / at 1x, and the data-wait fraction under a synthetic step of known
 duration. Data lives in a temp dir, removed at the end. Prints JSON. Like any user, it reaches hpctrain
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -162,7 +165,28 @@ def loader_cfg(path: str, batch: int, workers: int) -> H5DataConfig:
     )
 
 
+def cpu_seconds() -> tp.Tuple[float, float]:
+    """(busy CPU-seconds of the whole machine since boot, CPU-seconds of this process and its reaped children):
+    over a measurement, the first's growth minus the second's is what other work took meanwhile (NaN off
+    Linux). The loader's workers are reaped when it closes, so they count as this process's."""
+    import resource
+
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        machine = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    except (OSError, ValueError, IndexError):
+        machine = float("nan")
+    mine = sum(
+        u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+    return machine, mine
+
+
 def loader_rate(path: str, batch: int, workers: int, budget_s: float) -> tp.Tuple[float, tp.Dict[str, tp.Any]]:
+    """Samples/s of H5Loader and its metrics summary, plus ``foreign_cpu_s``: CPU-seconds other processes took
+    while it ran (its workers need both cores of a 2-core machine, the ceiling one: other work lowers the ratio)."""
+    m0, s0 = cpu_seconds()
     with H5Loader(loader_cfg(path, batch, workers), rank=0, world_size=1) as loader:
         next(iter(loader))  # start the workers; then time epochs 1, 2, ... from the first request
         loader.metrics.reset()
@@ -172,7 +196,11 @@ def loader_rate(path: str, batch: int, workers: int, budget_s: float) -> tp.Tupl
             return loader
 
         rate = timed(epochs, batch, budget_s)
-        return rate, loader.metrics.summary()
+        summary = loader.metrics.summary()
+    m1, s1 = cpu_seconds()
+    other = (m1 - m0) - (s1 - s0)
+    summary["foreign_cpu_s"] = other if math.isnan(other) else max(0.0, other)
+    return rate, summary
 
 
 def pss_tree(pid: int) -> int:
@@ -326,14 +354,17 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         def one_round(i: int) -> tp.Dict[str, float]:
             """Ceiling, peer, hpctrain of each variant, once; the ratios within this round."""
             res: tp.Dict[str, tp.Dict[str, float]] = {}
+            foreign: tp.Dict[str, float] = {}  # CPU-seconds other work took while hpctrain's loader was timed
             for name, path, ceil in (("uncompressed", plain, ceiling_pread), ("gzip", gz, ceiling_h5)):
                 r: tp.Dict[str, tp.Any] = {"ceiling": ceil(path)}
                 r["peer"] = peer_rate(path, args.batch, args.workers, args.budget_s)
                 r["hpctrain"], summary = loader_rate(path, args.batch, args.workers, args.budget_s)
                 r["read_amplification"] = summary["read_amplification"]
+                foreign[name] = summary["foreign_cpu_s"]
                 res[name] = r
                 print(f"round {i} {name}: {json.dumps(r)}", file=sys.stderr)
             figures = _rounds.flatten({"samples_per_s": res})
+            figures.update({f"foreign_cpu_s.{name}": foreign[name] for name in foreign})
             for name in ("uncompressed", "gzip"):
                 figures[f"{name}_vs_ceiling"] = res[name]["hpctrain"] / res[name]["ceiling"]
                 figures[f"{name}_vs_peer"] = res[name]["hpctrain"] / res[name]["peer"]

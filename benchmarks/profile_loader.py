@@ -5,9 +5,12 @@
 
 Runs ``bench_loader.py``'s contiguous measurement (its ceiling, then hpctrain's H5Loader with 2 workers,
 per round) under ``py-spy record --subprocesses`` and sorts every sample into a few buckets: the workers'
-``preadv`` into the shared-memory slots (the one copy the ceiling also makes), the workers' index
-bookkeeping (numpy), their messaging, the consumer's side, the ceiling. Prints the table and each round's
-rates; ``--json PATH`` writes them. A profile, not a benchmark: the ratios come from ``bench_loader.py``.
+``preadv`` into the shared-memory slots (the one copy the ceiling also makes: samples whose innermost frame
+is a ``preadv`` line of ``_read_direct``, i.e. the kernel copying page cache into the slots), the workers'
+Python around it (index bookkeeping, iovec lists, the labels' reads), their messaging, the consumer's side
+(asking the workers what is done, each task's sample ids, handing out slots), the ceiling. Prints the table
+and each round's rates; ``--json PATH`` writes them. A profile, not a benchmark: the ratios come from
+``bench_loader.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,13 +28,41 @@ import typing as tp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+
+def _preadv_lines() -> tp.FrozenSet[int]:
+    """Lines of hpctrain/data/_h5.py that call ``os.preadv``: a sample whose innermost frame is on one of them
+    is in the syscall (the kernel's copy), anything else in ``_read_direct`` is its Python bookkeeping."""
+    with open(os.path.join(os.path.dirname(HERE), "hpctrain", "data", "_h5.py")) as f:  # its text, not imported
+        return frozenset(i for i, line in enumerate(f, 1) if "os.preadv(" in line)
+
+
+_PREADV = _preadv_lines()
+
+
+def _leaf_line(leaf: str) -> int:
+    m = re.search(r":(\d+)\)$", leaf)
+    return int(m.group(1)) if m else -1
+
+
 # (bucket, test on the ';'-joined stack and its innermost frame); the first that matches takes the sample
 BUCKETS: tp.List[tp.Tuple[str, tp.Callable[[str, str], bool]]] = [
-    ("worker: preadv straight into the batch slots", lambda s, leaf: "_read_direct" in leaf),
-    ("worker: _read_direct's index bookkeeping (numpy)", lambda s, leaf: "_read_direct" in s),
+    (
+        "worker: preadv of the samples into the batch slots (the kernel's copy)",
+        lambda s, leaf: "_read_direct" in leaf and "_h5.py" in leaf and _leaf_line(leaf) in _PREADV,
+    ),
+    ("worker: _read_direct's index bookkeeping and iovec lists", lambda s, leaf: "_read_direct" in s),
+    ("worker: small keys (labels): staging preadv + gather", lambda s, leaf: "_read_run" in s),
     ("worker: Reader.read's bookkeeping (searchsorted, unique, take)", lambda s, leaf: "Reader.read" in s),
     ("worker: task loop, messages, start", lambda s, leaf: "_worker_main" in s),
-    ("consumer: H5Loader hands out slots, recycles them", lambda s, leaf: "H5Loader" in s),
+    # blocked until the head task is done: idle, but py-spy --nonblocking cannot always tell a thread asleep in
+    # poll() from a running one, so it gets its own line instead of inflating the next one
+    ("consumer: waiting for the next task (blocked in poll)", lambda s, leaf: "WorkerPool.wait" in s),
+    (
+        "consumer: asking the workers what is done",
+        lambda s, leaf: "H5Loader" in s and ("WorkerPool._receive" in s or "WorkerPool.ready" in s),
+    ),
+    ("consumer: each task's sample ids (epoch order)", lambda s, leaf: "H5Loader" in s and "_order.py" in s),
+    ("consumer: H5Loader hands out slots, submits tasks", lambda s, leaf: "H5Loader" in s),
     ("ceiling: pread into one buffer", lambda s, leaf: "ceiling_pread" in s),
 ]
 
