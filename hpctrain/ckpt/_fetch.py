@@ -106,9 +106,12 @@ def _read_runs(index: Index, runs: tp.List[Run], segs: tp.Optional[_Segments]) -
                     segs.add(shard, pos, n, crc)
 
 
-def _verify_shard(index: Index, i: int, segs: tp.Iterable[tp.Tuple[int, int, int]]) -> str:
+def _verify_shard(
+    index: Index, i: int, segs: tp.Iterable[tp.Tuple[int, int, int]], may_read: bool = True
+) -> tp.Optional[str]:
     """crc32 of shard ``i`` from the ranges every rank read, reading what nobody read (padding between them
-    included: every byte of the file is covered, so a flipped byte anywhere fails it)."""
+    included: every byte of the file is covered, so a flipped byte anywhere fails it). ``may_read=False``: None
+    when some byte was read by nobody (the shard's owner must read it), instead of reading it."""
     s = index.shards[i]
     size = s["bytes"]
     parts = sorted(set(segs) | {(0, index.data_starts[i], index.header_crcs[i])}, key=lambda x: (x[0], -x[1]))
@@ -123,6 +126,8 @@ def _verify_shard(index: Index, i: int, segs: tp.Iterable[tp.Tuple[int, int, int
                 crc, cursor, j = crc32_combine(crc, c, b - a), b, j + 1
                 continue
             nxt = min(parts[j][0], size) if j < len(parts) else size
+            if not may_read:
+                return None
             f = f or index.open_shard(i)
             f.seek(cursor)
             left = nxt - cursor
@@ -140,6 +145,31 @@ def _verify_shard(index: Index, i: int, segs: tp.Iterable[tp.Tuple[int, int, int
     if crc != s["crc32"]:
         return f"{index.path.name}/{s['file']}: checksum mismatch (corrupted shard)"
     return ""
+
+
+def _verify(index: Index, reports: tp.List[tp.Any], rank: int, world: int, comm: Comm) -> tp.List[str]:
+    """Every shard's verdict from every rank's report of what it read, the same list on every rank.
+
+    When the ranks together read every byte of every shard (a full restore: each byte is someone's), every rank
+    combines every shard's crc32 from the reports alone: the same reports give the same verdicts everywhere, so
+    no collective is needed. Otherwise the owner of shard ``i`` (``i % world``) reads what nobody read, and one
+    agreement (a second collective when some shard failed) gives every rank the verdicts."""
+
+    def segments(i: int) -> tp.Iterator[tp.Tuple[int, int, int]]:
+        return chain.from_iterable(r[1].get(i, ()) for r in reports)
+
+    verdicts = [_verify_shard(index, i, segments(i), may_read=False) for i in range(len(index.shards))]
+    if all(v is not None for v in verdicts):
+        return [v for v in verdicts if v]
+    mine = ""
+    for i in range(rank, len(index.shards), world):
+        try:
+            v = verdicts[i]
+            mine = mine or (v if v is not None else _verify_shard(index, i, segments(i))) or ""
+        except CheckpointFormatError as exc:
+            mine = str(exc)
+    ok = comm.all_gather_ints([0 if mine else 1])
+    return [] if all(o[0] for o in ok) else [e for e in comm.all_gather(mine) if e]
 
 
 class Region(tp.NamedTuple):
@@ -570,14 +600,7 @@ def _read(
     reports = comm.all_gather(report)
     errors = [e for e, _ in reports if e]
     if not errors and segs is not None:
-        mine = ""
-        for i in range(rank, len(index.shards), world):
-            try:
-                mine = mine or _verify_shard(index, i, chain.from_iterable(r[1].get(i, ()) for r in reports))
-            except CheckpointFormatError as exc:
-                mine = str(exc)
-        ok = comm.all_gather_ints([0 if mine else 1])
-        errors = [] if all(o[0] for o in ok) else [e for e in comm.all_gather(mine) if e]
+        errors = _verify(index, reports, rank, world, comm)
     if errors:
         return {}, errors
     if node is not None:  # every rank has read its part (the verdicts' gather above was the barrier)

@@ -59,6 +59,7 @@ __all__ = [
     "read_manifest",
     "read_header",
     "build_index",
+    "index_share",
     "verify_dir",
     "digest_dir",
     "bytes_read",
@@ -355,7 +356,26 @@ Exchange = tp.Callable[[tp.Any], tp.List[tp.Any]]
 """An all-gather of one picklable object per rank (``Comm.all_gather``)."""
 
 
-def build_index(ckpt_dir: PathLike, *, share: tp.Optional[tp.Tuple[int, int, Exchange]] = None) -> Index:
+def index_share(ckpt_dir: PathLike, rank: int, world: int) -> tp.Tuple[str, tp.Any]:
+    """What rank ``rank`` of ``world`` indexes of a checkpoint for :func:`build_index`'s ``share``: ``(error,
+    part)``, the part (shards ``rank``, ``rank + world``, ...) as plain tuples for an exchange; never raises (the
+    other ranks wait in the exchange)."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        manifest = read_manifest(ckpt_dir)
+        return "", _plain(_index_shards(ckpt_dir, manifest, range(rank, len(manifest["shards"]), world)))
+    except CheckpointFormatError as exc:
+        return str(exc), None
+    except Exception as exc:  # noqa: BLE001 - damage of any kind is a format error, the same on every rank
+        return f"{ckpt_dir.name}: {type(exc).__name__}: {exc}", None
+
+
+def build_index(
+    ckpt_dir: PathLike,
+    *,
+    share: tp.Optional[tp.Tuple[int, int, Exchange]] = None,
+    gathered: tp.Optional[tp.List[tp.Tuple[str, tp.Any]]] = None,
+) -> Index:
     """Check a checkpoint's manifest, shard sizes, headers, piece tiling and trees; raise
     :class:`CheckpointFormatError` naming the first problem.
 
@@ -365,7 +385,8 @@ def build_index(ckpt_dir: PathLike, *, share: tp.Optional[tp.Tuple[int, int, Exc
     filesystem's metadata server). Every shard is still checked by some rank, the trees are checked one per
     rank (name order, round robin from rank 1), and the pieces of tensors split over shards parsed by different
     ranks are checked for tiling by every rank; an error found on some ranks only is raised there (the caller
-    agrees)."""
+    agrees). ``gathered``: with ``share``, every rank's :func:`index_share` already exchanged (the caller
+    combined the exchange with another agreement: one collective fewer)."""
     ckpt_dir = Path(ckpt_dir)
     if share is None:
         manifest = read_manifest(ckpt_dir)
@@ -373,18 +394,11 @@ def build_index(ckpt_dir: PathLike, *, share: tp.Optional[tp.Tuple[int, int, Exc
         rank, world = 0, 1
     else:
         rank, world, exchange = share
-        err, part = "", None
-        try:  # never raise before the exchange: the other ranks wait in it
-            manifest = read_manifest(ckpt_dir)
-            part = _index_shards(ckpt_dir, manifest, range(rank, len(manifest["shards"]), world))
-        except CheckpointFormatError as exc:
-            err = str(exc)
-        except Exception as exc:  # noqa: BLE001 - damage of any kind is a format error, the same on every rank
-            err = f"{ckpt_dir.name}: {type(exc).__name__}: {exc}"
-        got = exchange((err, _plain(part) if part is not None else None))
+        got = gathered if gathered is not None else exchange(index_share(ckpt_dir, rank, world))
         errors = [e for e, _ in got if e]
         if errors:
             raise CheckpointFormatError(errors[0])
+        manifest = read_manifest(ckpt_dir)  # read by index_share too: from the page cache
         parts = [_typed(p) for _, p in got if p is not None]
     world_saved = len(manifest["shards"])
     data_starts, header_crcs = [0] * world_saved, [0] * world_saved

@@ -32,7 +32,7 @@ from hpctrain.ckpt._format import (
     quarantine_name,
     step_name,
 )
-from hpctrain.ckpt._reader import Index, build_index
+from hpctrain.ckpt._reader import Index, build_index, index_share
 from hpctrain.ckpt._restore import Plan, fill, plan, resolve_mode
 from hpctrain.ckpt._scan import (
     Deleter,
@@ -117,7 +117,7 @@ class Checkpointer:
         self.identity = str(identity or "")
         self.root = Path(config.dir)
         self._lustre = lustre
-        self._comm = Comm(config.agreement_timeout_s)
+        self._comm = Comm(config.agreement_timeout_s, before_agreeing=self._settle)
         self.rank, self.world_size = self._comm.rank, self._comm.world
         self._writer: tp.Optional[Writer] = None
         self._stager = Stager()
@@ -125,12 +125,14 @@ class Checkpointer:
         self._trees_text: tp.Optional[tp.Tuple[bytes, str]] = None  # rank 0: (marshal of the trees, their JSON)
         self._abort = threading.Event()
         self._deleter = Deleter() if self.rank == 0 else None
-        if self._deleter is not None:
-            # synchronous: a re-save that died between its renames gets its step back before any restore
-            # (restore starts with a barrier, so the other ranks scan after this)
+        if self._deleter is not None and config.clean_abandoned:
+            self._deleter.submit(self._clean_abandoned)
+
+    def _settle(self, rank: int) -> None:
+        """Rank 0, before the ranks first agree (in :class:`Comm`): a re-save that died between its renames gets its
+        step back, synchronously, so every rank's later scan (a restore) sees it without a barrier of its own."""
+        if rank == 0:
             settle_replaced(self.root, scan(self.root))
-            if config.clean_abandoned:
-                self._deleter.submit(self._clean_abandoned)
 
     def _clean_abandoned(self) -> None:
         job = (self._comm.job_id, self._comm.restart_count)
@@ -450,18 +452,33 @@ class Checkpointer:
         strict: bool,
         restore_rng: bool,
     ) -> tp.Optional[RestoreResult]:
-        self.wait()
-        self._comm.all_gather_ints([0])  # rank 0 has settled interrupted re-saves (in __init__) before anyone scans
+        self.wait()  # rank 0 settled interrupted re-saves before the constructor's agreement (Comm): no barrier here
         mine = sorted((e.step for e in scan(self.root) if e.status == "committed"), reverse=True)
-        # the usual case, every rank seeing the same steps, takes one small collective (128 bits of a digest of the
-        # list), not a gather of the lists (two collectives and pickling); lists that differ are then gathered
+        # the usual case, every rank seeing the same steps, takes no collective of its own: 128 bits of a digest of
+        # the list travel with the exchange of the first candidate's index (each rank its share of the headers,
+        # build_index), not a gather of the lists; lists that differ are then gathered, and the index exchanged anew
         digest = hashlib.sha256(repr(mine).encode()).digest()
-        words = self._comm.all_gather_ints([int.from_bytes(digest[i : i + 8], "little", signed=True) for i in (0, 8)])
-        if all(w == words[0] for w in words):
+        words = [int.from_bytes(digest[i : i + 8], "little", signed=True) for i in (0, 8)]
+        first = (mine[0] if mine else None) if step is None else (step if step in mine else None)
+        gathered: tp.Dict[int, tp.List[tp.Any]] = {}
+        if self.world_size == 1:
             common = mine
         else:
-            seen = self._comm.all_gather(mine)
-            common = sorted(set(seen[0]).intersection(*map(set, seen[1:])), reverse=True)
+            if self._index_waits_for_files():  # the headers may arrive in _before_read: no index before the agreement
+                got = self._comm.all_gather_ints(words)
+            else:
+                part = (
+                    index_share(self.root / step_name(first), self.rank, self.world_size) if first is not None else None
+                )
+                got, shares = self._comm.all_gather_with(words, (first, part))
+                if all(f == first for f, _ in shares):
+                    gathered = {first: [sh for _, sh in shares]} if first is not None else {}
+            if all(w == got[0] for w in got):
+                common = mine
+            else:
+                gathered = {}
+                seen = self._comm.all_gather(mine)
+                common = sorted(set(seen[0]).intersection(*map(set, seen[1:])), reverse=True)
         if step is not None:
             if step not in common:
                 raise HpctrainError(
@@ -480,7 +497,7 @@ class Checkpointer:
             self._before_read(path, None)
             index: tp.Optional[Index] = None
             try:
-                index, err = build_index(path, share=share), ""
+                index, err = build_index(path, share=share, gathered=gathered.pop(s, None)), ""
             except CheckpointFormatError as exc:
                 err = f"rank {self.rank}: {exc}"
             except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
@@ -533,6 +550,11 @@ class Checkpointer:
         if quarantined:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)
         return None
+
+    def _index_waits_for_files(self) -> bool:
+        """Whether :meth:`_before_read` may bring this restore shard files (a collective): then the ranks agree on
+        the step before any of them parses a header. Never here; the local tier's restore from partner copies."""
+        return False
 
     def _before_read(self, path: Path, shards: tp.Optional[tp.Set[int]]) -> None:
         """Called on every rank before a restore opens the shard files of ``path``: ``shards``, the ones this rank

@@ -468,6 +468,9 @@ class LocalCheckpointer(Checkpointer):
         os.rename(tmp, path)
         fsync_dir(root)
 
+    def _index_waits_for_files(self) -> bool:
+        return self._serving is not None
+
     def _before_read(self, path: Path, shards: tp.Optional[tp.Set[int]]) -> None:
         """In a local restore (collective): send every shard a node's ranks are about to open and the node lacks
         from a rank holding a verified copy to the node's leader, which checks its crc32 and writes it."""
