@@ -59,14 +59,22 @@ class EpochOrder:
         """Global sample ids at stream positions ``pos`` (any shape, values in [0, num_samples))."""
         pos = np.asarray(pos, dtype=np.int64)
         flat = pos.reshape(-1)
-        if self.shuffle:
+        if self.shuffle and len(flat):
             w = np.searchsorted(self.win_starts, flat, side="right") - 1
-            mixed = np.empty_like(flat)
-            for win in np.unique(w):
-                sel = w == win
-                start = self.win_starts[win]
-                mixed[sel] = start + self._window_perm(int(win))[flat[sel] - start]
-            flat = mixed
+            lo, hi = int(w.min()), int(w.max())
+            base = int(self.win_starts[lo])
+            if int(self.win_starts[hi + 1]) - base <= 2 * len(flat):
+                # the positions fill the windows they touch (a loader task, one partition): one lookup table
+                # over those windows and one gather, not a mask per window (the consumer's CPU per task)
+                lut = np.concatenate([self.win_starts[v] + self._window_perm(v) for v in range(lo, hi + 1)])
+                flat = lut[flat - base]
+            else:  # sparse (many partitions, a few positions): only the windows that hold one
+                mixed = np.empty_like(flat)
+                for win in np.unique(w):
+                    sel = w == win
+                    start = self.win_starts[win]
+                    mixed[sel] = start + self._window_perm(int(win))[flat[sel] - start]
+                flat = mixed
         k = np.searchsorted(self.seq_starts, flat, side="right") - 1
         out = self.block_starts[self.perm[k]] + (flat - self.seq_starts[k])
         return out.reshape(pos.shape)

@@ -42,6 +42,36 @@ def test_stream_is_a_permutation_and_deterministic():
     assert (EpochOrder(BLOCKS, 7, 3, 4, False).ids(np.arange(2490)) == np.arange(2490)).all()
 
 
+def test_the_order_is_the_one_every_earlier_version_wrote():
+    """A checkpoint's data position means the same samples in every version: the ids of whole epochs (one
+    and several partitions, ranks, windows of 1 to all blocks, padding) hash to the value pinned here."""
+    import hashlib
+
+    h = hashlib.sha256()
+    bs = blocks(np.random.default_rng(0).integers(1, 200, size=300))
+    for seed, epoch, window, parts, world in [(0, 0, 16, 1, 1), (7, 3, 4, 8, 2), (1, 2, 1, 6, 3), (5, 1, 1000, 4, 1)]:
+        p = EpochPlan(EpochOrder(bs, seed, epoch, window, True), 48, parts, "pad")
+        for r in range(world):
+            ids, valid = p.slots(np.arange(p.num_batches), r, world)
+            h.update(ids.tobytes())
+            h.update(valid.tobytes())
+    assert h.hexdigest()[:16] == "0999b12a5a8e8396"
+
+
+def test_dense_and_sparse_positions_give_the_same_ids():
+    """A loader task asks for positions that fill their windows (one lookup table), a rank of many partitions
+    for a few scattered ones (a mask per window): the same position is the same sample either way."""
+    o = EpochOrder(BLOCKS, 3, 1, 4, True)
+    every = o.ids(np.arange(2490))
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        pos = np.sort(rng.choice(2490, size=rng.integers(1, 40), replace=False))
+        assert (o.ids(pos) == every[pos]).all()
+        a = int(rng.integers(0, 2400))
+        assert (o.ids(np.arange(a, a + 90)[::-1]) == every[a : a + 90][::-1]).all()
+    assert o.ids(np.zeros(0, dtype=np.int64)).shape == (0,)
+
+
 def test_window_only_mixes_its_own_chunks():
     o = EpochOrder(BLOCKS, 1, 0, 4, True)
     ids = o.ids(np.arange(2490))
