@@ -17,6 +17,8 @@ over the rounds, ``spread`` has every figure's median and min-max, ``rounds`` ea
 load average before / after it (``load_changed``: it moved by more than one core; see ``_rounds.py``) and
 ``foreign_cpu_s.<variant>``: CPU-seconds that other processes took while hpctrain's loader was timed (its two
 workers need both cores of a 2-core machine where the ceiling needs one, so other work lowers the ratio).
+``file_huge_pages_mb``: the page cache in 2 MB folios before the data was written and after it was warmed (the
+ceiling's copy is about twice as fast from those as from 4 kB pages; the loader's gains less).
 Rates are steady state (timed from the first batch, so worker start-up is excluded for both loaders).
 Plus: loader RSS at 10x the data / at 1x, and the data-wait fraction under a synthetic step of known
 duration. Data lives in a temp dir, removed at the end. Prints JSON. Like any user, it reaches hpctrain
@@ -62,6 +64,16 @@ def warm(path: str) -> None:
     with open(path, "rb") as f:
         while f.read(16 << 20):
             pass
+
+
+def file_huge_pages_mb() -> tp.Optional[float]:
+    """The machine's page cache held in 2 MB folios (``FileHugePages``, MB; None off Linux): its growth over
+    writing and warming the data is about how much of the data files sits in such folios."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("FileHugePages:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
 
 
 def ceiling_pread(path: str, reps: int = 3) -> float:
@@ -342,6 +354,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         "cpus": os.cpu_count(),
         "inflater": _inflater(),
     }
+    huge_before = file_huge_pages_mb()
     try:
         t0 = time.perf_counter()
         plain = make_dataset(os.path.join(tmp, "plain.h5"), n, shape=SHAPE)
@@ -350,6 +363,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         out["generate_s"] = time.perf_counter() - t0
         for p in (plain, gz):
             warm(p)
+        # the ceiling's contiguous copy ran 1.6-2.2x faster from 2 MB page-cache folios than from 4 kB ones (the
+        # loader's scattered copy gains less), and which one a fresh file gets depends on how fragmented memory
+        # is: the ratio moves with it, so the run says which it was (docs/data.md, Measured)
+        out["file_huge_pages_mb"] = {"before_data": huge_before, "after_warm": file_huge_pages_mb()}
 
         def one_round(i: int) -> tp.Dict[str, float]:
             """Ceiling, peer, hpctrain of each variant, once; the ratios within this round."""
