@@ -15,6 +15,7 @@ import typing as tp
 import torch
 
 from hpctrain.ckpt._boxes import Box
+from hpctrain.ckpt._state import Piece, _dtype_info, tensor_bytes
 from hpctrain.errors import UsageError
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "check_placements",
     "Replicas",
     "replicas",
+    "split_sharded",
 ]
 
 
@@ -114,3 +116,35 @@ def from_local(local: torch.Tensor, like: tp.Any) -> tp.Any:
     return cls.from_local(
         local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=tuple(strides[::-1])
     )
+
+
+def split_sharded(
+    tensors: tp.Dict[str, torch.Tensor], rank: int
+) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[Piece], int, tp.List[tp.Any]]:
+    """A save's tensors as: the plain (replicated) ones, this rank's chunks of sharded DTensors (box pieces), the
+    sharded bytes of all ranks together, and the global signature of the sharded ones (the same on every rank)."""
+    exact = {torch.Tensor, torch.nn.Parameter}  # never a DTensor: a DDP state is checked in one scan in C
+    if all(map(exact.__contains__, map(type, tensors.values()))):
+        return tensors, [], 0, []
+    plain: tp.Dict[str, torch.Tensor] = {}
+    pieces: tp.List[Piece] = []
+    total, sig = 0, []
+    for key, t in tensors.items():
+        if not is_dtensor(t):
+            plain[key] = t
+            continue
+        check_placements(key, t)
+        if fully_replicated(t):
+            plain[key] = t.to_local()
+            continue
+        name, es = _dtype_info(t.dtype)
+        sig.append((key, name, tuple(t.shape)))
+        total += t.numel() * es
+        box = local_box(t)
+        if box is None or not writes_chunk(t):
+            continue
+        n = tensor_bytes(t.to_local()) // es
+        if n == 0 and not (t.numel() == 0 and rank == 0):  # an empty chunk; rank 0 records an empty tensor
+            continue
+        pieces.append(Piece(key, t.to_local().detach(), 0, n, name, es, box, tuple(t.shape)))
+    return plain, pieces, total, sig

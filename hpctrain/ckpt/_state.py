@@ -275,17 +275,18 @@ def split_replicated(tensors: tp.Union[Layout, tp.Mapping[str, torch.Tensor]], r
     out: tp.List[Piece] = []
     cum = ends[first] - nbs[first] if first < len(items) else 0
     last = rank == world - 1
+    new = tuple.__new__  # not Piece(...): a namedtuple's own __new__ is a Python call (thousands of pieces)
     for key, t, name, es, n in items[first:stop]:
         nb = n * es
         if n == 0:
             if rank == 0:
-                out.append(Piece(key, t, 0, 0, name, es))
+                out.append(new(Piece, (key, t, 0, 0, name, es, None, None)))
             continue
         if cum + nb > lo and cum < hi:
             a = max(0, (lo - cum) // SPLIT_ALIGN * SPLIT_ALIGN // es)  # lo - cum < nb here: a cut inside it
             b = n if last or hi - cum >= nb else max(0, (hi - cum) // SPLIT_ALIGN * SPLIT_ALIGN // es)
             if b > a:
-                out.append(Piece(key, t, a, b, name, es))
+                out.append(new(Piece, (key, t, a, b, name, es, None, None)))
         cum += nb
     return out
 

@@ -23,7 +23,7 @@ import torch
 
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
-from hpctrain.ckpt._dtensor import check_placements, fully_replicated, is_dtensor, local_box, writes_chunk
+from hpctrain.ckpt._dtensor import split_sharded
 from hpctrain.ckpt._fetch import read, route, shards_read
 from hpctrain.ckpt._format import (
     CheckpointFormatError,
@@ -45,8 +45,6 @@ from hpctrain.ckpt._scan import (
 from hpctrain.ckpt._staging import Stager
 from hpctrain.ckpt._state import (
     LayoutCache,
-    Piece,
-    _dtype_info,
     capture_rng,
     flatten,
     layout,
@@ -191,7 +189,7 @@ class Checkpointer:
                 states["extra"] = extra
             tensors: tp.Dict[str, torch.Tensor] = {}
             trees = {name: flatten(state, name, tensors) for name, state in states.items()}
-            plain, sharded, sharded_bytes, sig = self._split_sharded(tensors)
+            plain, sharded, sharded_bytes, sig = split_sharded(tensors, self.rank)
             lay = layout(plain, self._layouts)
             local: tp.Dict[str, torch.Tensor] = {}
             local_tree = {"rng": flatten(capture_rng(), "local/rng", local)}
@@ -269,37 +267,6 @@ class Checkpointer:
             self._trees_text = (key, header_json(trees))
         return self._trees_text[1]
 
-    def _split_sharded(
-        self, tensors: tp.Dict[str, torch.Tensor]
-    ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[Piece], int, tp.List[tp.Any]]:
-        """Plain (replicated) tensors, this rank's chunks of sharded DTensors (box pieces), the sharded
-        bytes of all ranks together, and the global signature of the sharded ones (the same on every rank)."""
-        exact = {torch.Tensor, torch.nn.Parameter}  # never a DTensor: a DDP state is checked in one scan in C
-        if all(map(exact.__contains__, map(type, tensors.values()))):
-            return tensors, [], 0, []
-        plain: tp.Dict[str, torch.Tensor] = {}
-        pieces: tp.List[Piece] = []
-        total, sig = 0, []
-        for key, t in tensors.items():
-            if not is_dtensor(t):
-                plain[key] = t
-                continue
-            check_placements(key, t)
-            if fully_replicated(t):
-                plain[key] = t.to_local()
-                continue
-            name, es = _dtype_info(t.dtype)
-            sig.append((key, name, tuple(t.shape)))
-            total += t.numel() * es
-            box = local_box(t)
-            if box is None or not writes_chunk(t):
-                continue
-            n = tensor_bytes(t.to_local()) // es
-            if n == 0 and not (t.numel() == 0 and self.rank == 0):  # an empty chunk; rank 0 records an empty tensor
-                continue
-            pieces.append(Piece(key, t.to_local().detach(), 0, n, name, es, box, tuple(t.shape)))
-        return plain, pieces, total, sig
-
     def _commit(self, step: int, plan: ShardPlan, manifest_extra: tp.Dict[str, tp.Any]) -> Path:
         cfg = self.config
         final = commit_save(
@@ -313,6 +280,7 @@ class Checkpointer:
             check_free_space=cfg.check_free_space,
             space_margin=cfg.free_space_margin,
             aborted=self._abort.is_set,
+            defer=None if self._deleter is None else self._deleter.submit,
         )
         if self._deleter is not None:
             self._deleter.submit(self._retain)  # planned and done in the background: never delays a save
