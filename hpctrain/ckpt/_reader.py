@@ -356,25 +356,29 @@ Exchange = tp.Callable[[tp.Any], tp.List[tp.Any]]
 """An all-gather of one picklable object per rank (``Comm.all_gather``)."""
 
 
-def index_share(ckpt_dir: PathLike, rank: int, world: int) -> tp.Tuple[str, tp.Any]:
-    """What rank ``rank`` of ``world`` indexes of a checkpoint for :func:`build_index`'s ``share``: ``(error,
-    part)``, the part (shards ``rank``, ``rank + world``, ...) as plain tuples for an exchange; never raises (the
-    other ranks wait in the exchange)."""
+def index_share(
+    ckpt_dir: PathLike, rank: int, world: int
+) -> tp.Tuple[tp.Tuple[str, tp.Any], tp.Optional[tp.Dict[str, tp.Any]]]:
+    """What rank ``rank`` of ``world`` indexes of a checkpoint for :func:`build_index`'s ``share``: the message to
+    exchange, ``(error, part)`` (the part: shards ``rank``, ``rank + world``, ... as plain tuples), and the manifest
+    this rank read for it (None when it could not: the error says why). Never raises (the other ranks wait in the
+    exchange)."""
     ckpt_dir = Path(ckpt_dir)
+    manifest = None
     try:
         manifest = read_manifest(ckpt_dir)
-        return "", _plain(_index_shards(ckpt_dir, manifest, range(rank, len(manifest["shards"]), world)))
+        return ("", _plain(_index_shards(ckpt_dir, manifest, range(rank, len(manifest["shards"]), world)))), manifest
     except CheckpointFormatError as exc:
-        return str(exc), None
+        return (str(exc), None), manifest
     except Exception as exc:  # noqa: BLE001 - damage of any kind is a format error, the same on every rank
-        return f"{ckpt_dir.name}: {type(exc).__name__}: {exc}", None
+        return (f"{ckpt_dir.name}: {type(exc).__name__}: {exc}", None), manifest
 
 
 def build_index(
     ckpt_dir: PathLike,
     *,
     share: tp.Optional[tp.Tuple[int, int, Exchange]] = None,
-    gathered: tp.Optional[tp.List[tp.Tuple[str, tp.Any]]] = None,
+    gathered: tp.Optional[tp.Tuple[tp.List[tp.Tuple[str, tp.Any]], tp.Optional[tp.Dict[str, tp.Any]]]] = None,
 ) -> Index:
     """Check a checkpoint's manifest, shard sizes, headers, piece tiling and trees; raise
     :class:`CheckpointFormatError` naming the first problem.
@@ -385,8 +389,8 @@ def build_index(
     filesystem's metadata server). Every shard is still checked by some rank, the trees are checked one per
     rank (name order, round robin from rank 1), and the pieces of tensors split over shards parsed by different
     ranks are checked for tiling by every rank; an error found on some ranks only is raised there (the caller
-    agrees). ``gathered``: with ``share``, every rank's :func:`index_share` already exchanged (the caller
-    combined the exchange with another agreement: one collective fewer)."""
+    agrees). ``gathered``: with ``share``, every rank's :func:`index_share` message already exchanged and this
+    rank's manifest (the caller combined the exchange with another agreement: one collective fewer)."""
     ckpt_dir = Path(ckpt_dir)
     if share is None:
         manifest = read_manifest(ckpt_dir)
@@ -394,11 +398,16 @@ def build_index(
         rank, world = 0, 1
     else:
         rank, world, exchange = share
-        got = gathered if gathered is not None else exchange(index_share(ckpt_dir, rank, world))
+        if gathered is None:
+            message, read = index_share(ckpt_dir, rank, world)
+            gathered = exchange(message), read
+        got, read = gathered
         errors = [e for e, _ in got if e]
         if errors:
             raise CheckpointFormatError(errors[0])
-        manifest = read_manifest(ckpt_dir)  # read by index_share too: from the page cache
+        if read is None:  # pragma: no cover - this rank's error is among the errors above
+            raise CheckpointFormatError(f"{ckpt_dir.name}: no manifest read")
+        manifest = read
         parts = [_typed(p) for _, p in got if p is not None]
     world_saved = len(manifest["shards"])
     data_starts, header_crcs = [0] * world_saved, [0] * world_saved

@@ -428,19 +428,21 @@ class Checkpointer:
         digest = hashlib.sha256(repr(mine).encode()).digest()
         words = [int.from_bytes(digest[i : i + 8], "little", signed=True) for i in (0, 8)]
         first = (mine[0] if mine else None) if step is None else (step if step in mine else None)
-        gathered: tp.Dict[int, tp.List[tp.Any]] = {}
+        gathered: tp.Dict[int, tp.Tuple[tp.List[tp.Any], tp.Any]] = {}  # a step's exchanged index and our manifest
         if self.world_size == 1:
             common = mine
         else:
             if self._index_waits_for_files():  # the headers may arrive in _before_read: no index before the agreement
                 got = self._comm.all_gather_ints(words)
             else:
-                part = (
-                    index_share(self.root / step_name(first), self.rank, self.world_size) if first is not None else None
+                message, manifest = (
+                    index_share(self.root / step_name(first), self.rank, self.world_size)
+                    if first is not None
+                    else (None, None)
                 )
-                got, shares = self._comm.all_gather_with(words, (first, part))
-                if all(f == first for f, _ in shares):
-                    gathered = {first: [sh for _, sh in shares]} if first is not None else {}
+                got, shares = self._comm.all_gather_with(words, (first, message))
+                if first is not None and all(f == first for f, _ in shares):
+                    gathered = {first: ([sh for _, sh in shares], manifest)}
             if all(w == got[0] for w in got):
                 common = mine
             else:
