@@ -7,7 +7,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
-from hpctrain.data._h5 import _GAP_BYTES, Reader, scan
+from hpctrain.data._h5 import _GAP_BYTES, _SKIP_BYTES, Reader, scan
 
 
 def _write(path, start, n):
@@ -51,4 +51,25 @@ def test_label_reads_take_small_gaps_only(tmp_path):
     # _GAP_BYTES, so the gap is not read
     assert 188 * 800 > _GAP_BYTES
     assert reader.bytes_read == (11 + 1) * 100 * 8
+    reader.close()
+
+
+def test_rows_a_task_does_not_need_are_not_read_when_the_gap_is_long(tmp_path):
+    # a task that needs a few rows of a block (a shuffle window two tasks share) reads those rows and the short
+    # gaps between them, not the whole block: no read amplification at a task's ends
+    _write(tmp_path / "a.h5", 0, 1000)
+    lay = scan([str(tmp_path / "a.h5")], ["x"], block_bytes=500 * 320)  # 320-byte rows, 500 rows a block: 2 blocks
+    skip = _SKIP_BYTES // 320
+    reader = Reader(lay)
+    ids = np.array([10, 11, 12 + skip - 1, 400, 700])  # rows 10..12+skip-1 one span (gap skip-1); 400; 700
+    out = {"x": np.full((5, 80), -1, np.float32)}
+    reader.read([ids], [out])
+    np.testing.assert_array_equal(out["x"], ids[:, None].astype(np.float32).repeat(80, 1))
+    assert reader.bytes_read == (skip + 2 + 1 + 1) * 320
+    whole = [np.arange(500, 1000)]  # every row of block 1: the whole block, one span
+    reader.bytes_read = 0
+    out = {"x": np.full((500, 80), -1, np.float32)}
+    reader.read(whole, [out])
+    np.testing.assert_array_equal(out["x"][:, 0], np.arange(500, 1000, dtype=np.float32))
+    assert reader.bytes_read == 500 * 320
     reader.close()
