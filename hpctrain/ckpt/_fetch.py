@@ -23,6 +23,7 @@ in the file fails the step. One all-gather of the verdicts: every rank accepts o
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import math
 import os
@@ -324,6 +325,19 @@ NODE_DIR = "/dev/shm"
 """Where the ``node`` exchange puts its buffer (memory: tmpfs). Where it is missing or full, every rank falls
 back to the ``host`` route together."""
 NODE_PREFIX = "hpctrain-restore-"
+_NO_NODE_MEMORY = "no memory for the node buffer"
+"""How a read error that is no damage starts (the node's tmpfs ran out of memory): the ranks read again over gloo."""
+
+
+def _node_memory_fault(rank: int) -> None:
+    """Test seam: ``HPCTRAIN_CKPT_FAULT=node_memory:R:raise`` makes rank R's reads into the node buffer fail as
+    those into a full tmpfs do (EFAULT)."""
+    try:
+        fault("node_memory", rank)
+    except OSError as exc:
+        raise OSError(errno.EFAULT, str(exc)) from None
+
+
 _NODE_STALE_S = 7200.0
 """A buffer file lives from its creation to the agreement right after (under ``agreement_timeout_s``); one this
 old was left by a rank that died in between, and the next exchange on the node removes it."""
@@ -340,10 +354,13 @@ class _NodeBuffer:
         self.shared: tp.Optional[torch.Tensor] = torch.frombuffer(mm, dtype=torch.uint8)
 
     @classmethod
-    def open(cls, comm: Comm, nbytes: int, rank: int, part: tp.Tuple[int, int]) -> tp.Optional["_NodeBuffer"]:
-        """Collective: the buffer, with this rank's ``part`` (offset, length) of it allocated up front
-        (``posix_fallocate``: a full tmpfs fails here, cleanly, not as a SIGBUS later). None on every rank when
-        any rank could not have it (then the caller exchanges over gloo).
+    def open(cls, comm: Comm, nbytes: int, rank: int) -> tp.Optional["_NodeBuffer"]:
+        """Collective: the buffer, or None on every rank when any rank could not have it (then the caller
+        exchanges over gloo). Rank 0 creates it only where ``NODE_DIR`` has ``nbytes`` free; nothing is allocated
+        up front (``posix_fallocate`` of each rank's part cost 16 ms of CPU a rank, 64 MB, the same page
+        allocation that the reads into it do anyway). Should the memory run out while the ranks read (another
+        process filled it meanwhile), the ``preadv`` into the mapping fails with EFAULT, not a SIGBUS (the kernel's
+        copy, not this process, touches the page): :func:`read` then exchanges over gloo (:data:`_NO_NODE_MEMORY`).
 
         Only rank 0 creates the file (``O_EXCL``, under a name no other checkpointer uses); the others open it
         after a first gather says it exists, never creating it: a rank that does not share rank 0's ``/dev/shm``
@@ -360,6 +377,11 @@ class _NodeBuffer:
                 fault("node_buffer", rank)
                 if rank == 0:
                     _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
+                    st = os.statvfs(NODE_DIR)
+                    if st.f_bavail * st.f_frsize < nbytes:
+                        raise OSError(
+                            errno.ENOSPC, f"{NODE_DIR} has {st.f_bavail * st.f_frsize} bytes free, {nbytes} needed"
+                        )
                     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
                     os.ftruncate(fd, nbytes)
             except OSError as exc:
@@ -372,8 +394,6 @@ class _NodeBuffer:
                         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # never O_CREAT: rank 0's
                         if os.fstat(fd).st_size != nbytes:
                             raise OSError(f"{path}: not the size rank 0 made it")
-                    if part[1]:
-                        os.posix_fallocate(fd, part[0], part[1])
                     mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                 except (OSError, ValueError) as exc:
                     log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
@@ -516,15 +536,19 @@ def read(
     rank, world = comm.rank, comm.world
     packed = _packed(p)
     once = mode == "read_once" and world > 1
-    chunk, lo, _ = _share(packed[2], rank, world, once)
+    chunk = _share(packed[2], rank, world, once)[0]
     node = None
     if once and packed[2] and route.node:
-        node = _NodeBuffer.open(comm, chunk * world, rank, (lo, chunk))
+        node = _NodeBuffer.open(comm, chunk * world, rank)
     try:
-        return _read(index, p, comm, mode, verify, route, packed, node)
+        tensors, errors = _read(index, p, comm, mode, verify, route, packed, node)
     finally:
         if node is not None:
             node.close()
+    if node is not None and any(e.startswith(_NO_NODE_MEMORY) for e in errors):  # the same reports on every rank
+        log.warning("hpctrain.ckpt: %s: the restore reads again and exchanges over gloo", errors[0])
+        return _read(index, p, comm, mode, verify, route._replace(node=False), packed, None)
+    return tensors, errors
 
 
 def _read(
@@ -569,9 +593,16 @@ def _read(
     err = ""
     try:
         fault("restore_read", rank)
+        if node is not None:
+            _node_memory_fault(rank)
         _read_runs(index, runs, segs)
     except CheckpointFormatError as exc:
         err = f"rank {rank}: {exc}"
+    except OSError as exc:
+        if node is not None and exc.errno == errno.EFAULT:  # the node's tmpfs is full: not damage, no quarantine
+            err = f"{_NO_NODE_MEMORY} on rank {rank} ({NODE_DIR} ran out of memory while it read its part)"
+        else:
+            err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - any failure to read: the step is rejected on every rank
         err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     work = None

@@ -4,6 +4,7 @@ several checkpoint directories in one process group."""
 
 from __future__ import annotations
 
+import logging
 import os
 import typing as tp
 
@@ -60,6 +61,8 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
             _FIRED.clear()  # each job's "raiseonce" fires once in it, whatever an earlier job fired
             os.environ["HPCTRAIN_CKPT_FAULT"] = fault
         mode, _, exchange = mode.partition("+")
+        said = _Said()
+        logging.getLogger("hpctrain.ckpt").addHandler(said)
         try:
             ck = Checkpointer(cfg(d, restore_mode=mode, restore_exchange=exchange or "host"))
             model, opt, _ = state(999)
@@ -67,6 +70,7 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
             ck.close()
         finally:
             os.environ.pop("HPCTRAIN_CKPT_FAULT", None)
+            logging.getLogger("hpctrain.ckpt").removeHandler(said)
         if res is None:
             out.append({"step": None})
             continue
@@ -77,7 +81,19 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
         if exchange == "node":  # the node exchange's buffer files: none left once the restore returned
             out[-1]["node_files_left"] = _node_files(ck._comm.tag)
             out[-1]["exchanges"] = ck._comm.exchanges
+            out[-1]["read_again_over_gloo"] = any("exchanges over gloo" in m for m in said.messages)
     return out
+
+
+class _Said(logging.Handler):
+    """The checkpointer's log messages of one job (warnings and above)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: tp.List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def _node_files(tag: str) -> tp.List[str]:

@@ -120,6 +120,8 @@ def damaged(tmp_path_factory):
     jobs.append((str(root / "fault-node"), "read_once+node", "restore_read:1:raiseonce"))
     shutil.copytree(root / "intact", root / "no-node-buffer")
     jobs.append((str(root / "no-node-buffer"), "read_once+node", "node_buffer:1:raise"))
+    shutil.copytree(root / "intact", root / "node-memory")
+    jobs.append((str(root / "node-memory"), "read_once+node", "node_memory:1:raise"))
     two = run_world(fw.restore, 2, jobs).results
     return root, where, two
 
@@ -148,6 +150,18 @@ def test_the_node_exchange_leaves_no_buffer_file_behind(damaged):
 def test_a_rank_without_a_node_buffer_makes_every_rank_exchange_over_gloo(damaged):
     _, _, two = damaged  # node_buffer:1:raise: rank 1 cannot have the buffer; both fall back, nothing quarantined
     assert [_outcome(r[len(MODES) + 2]) for r in two] == [{"step": STEPS[-1], "quarantined": [], "exact": True}] * 2
+
+
+def test_a_node_buffer_whose_memory_runs_out_is_not_damage_the_ranks_read_again_over_gloo(damaged):
+    # node_memory:1:raise: rank 1's reads into the node buffer fail as into a full tmpfs (EFAULT): no step is
+    # quarantined, both ranks read the newest step again over gloo, bit-exact, and no buffer file is left
+    _, _, two = damaged
+    got = [r[len(MODES) + 3] for r in two]
+    assert [_outcome(r) for r in got] == [{"step": STEPS[-1], "quarantined": [], "exact": True}] * 2
+    assert [r["node_files_left"] for r in got] == [[], []]
+    assert [r["exchanges"] for r in got] == [1, 1]  # one node buffer tried, then gloo
+    assert [r["read_again_over_gloo"] for r in got] == [True, True]
+    assert not any(r[len(MODES) + 2]["read_again_over_gloo"] for r in two)  # a buffer never had: no read again
 
 
 def test_tensors_restored_through_the_node_buffer_are_each_ranks_own(tmp_path):
