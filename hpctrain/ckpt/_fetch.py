@@ -27,6 +27,8 @@ import errno
 import logging
 import math
 import os
+import secrets
+import stat
 import typing as tp
 from itertools import chain
 
@@ -245,21 +247,21 @@ class _Views:
         older save, or sharded chunks): :meth:`assemble` them."""
         out: tp.Dict[str, torch.Tensor] = {}
         rest: tp.List[str] = []
-        at, strides, typed = self.at, self._strides, self._typed
-        for key in keys:
-            st = stored[key]
-            p = st.pieces[0]
-            if p.box is not None or not p.nbytes or (len(st.pieces) > 1 and not self._end_to_end(st.pieces)):
+        at, strides = self.at, self._strides
+        typed: tp.Dict[str, tp.Tuple[torch.Tensor, int]] = {}  # dtype: (typed view, element size)
+        for key in keys:  # tuple unpacking, not named fields: this loop runs for every tensor on every rank
+            dtype, shape, pieces = stored[key]
+            _, _, shard, pos, nbytes, box = pieces[0]
+            if box is not None or not nbytes or (len(pieces) > 1 and not self._end_to_end(pieces)):
                 rest.append(key)
                 continue
-            tv = typed.get(st.dtype)
-            if tv is None:
-                tv = self.typed(st.dtype)
-            shape = st.shape
+            te = typed.get(dtype)
+            if te is None:
+                te = typed[dtype] = (self.typed(dtype), DTYPE_SIZES[dtype])
             s = strides.get(shape)
             if s is None:
                 s = self.strides(shape)
-            out[key] = tv.as_strided(shape, s, at[(p.shard, p.pos)] // DTYPE_SIZES[st.dtype])
+            out[key] = te[0].as_strided(shape, s, at[shard, pos] // te[1])
         return out, rest
 
     def _end_to_end(self, pieces: tp.Sequence[tp.Any]) -> bool:
@@ -347,71 +349,63 @@ class _NodeBuffer:
     """A shared-memory buffer that every rank of this host maps (``MAP_SHARED``): each rank reads its part of the
     checkpoint's bytes into it; once every rank has, each maps the whole file again copy-on-write
     (:meth:`private`): the bytes every rank read, as this rank's own memory, with no copy (a page is copied only
-    when this rank writes it: the page cache holds one copy of the node's bytes for every rank)."""
+    when this rank writes it: the page cache holds one copy of the node's bytes for every rank).
 
-    def __init__(self, fd: int, mm: tp.Any, nbytes: int) -> None:
-        self.fd, self.nbytes = fd, nbytes
+    Opening it takes no collective: every rank opens (or creates) the file under the name all of them derive from
+    the checkpointer's tag and exchange count, and writes a random token into its slot after the data. The reports'
+    gather after the reads is the barrier; then each rank checks every rank's token in its mapping
+    (:meth:`shared_by`): a rank that does not share this ``/dev/shm`` (another machine or container behind the same
+    host name) made a file of its own, so its token is missing from every other rank's mapping and theirs from its:
+    every rank finds the mismatch from the same reports, and all of them read again over gloo together, before any
+    byte of the buffer is used. So do they when a rank could not open it or ran out of memory while reading into it."""
+
+    def __init__(self, fd: int, mm: tp.Any, nbytes: int, path: str, token: bytes) -> None:
+        self.fd, self.nbytes, self.path, self.token = fd, nbytes, path, token
         self.shared: tp.Optional[torch.Tensor] = torch.frombuffer(mm, dtype=torch.uint8)
+        self._mm = mm
 
     @classmethod
-    def open(cls, comm: Comm, nbytes: int, rank: int) -> tp.Optional["_NodeBuffer"]:
-        """Collective: the buffer, or None on every rank when any rank could not have it (then the caller
-        exchanges over gloo). Rank 0 creates it only where ``NODE_DIR`` has ``nbytes`` free; nothing is allocated
-        up front (``posix_fallocate`` of each rank's part cost 16 ms of CPU a rank, 64 MB, the same page
-        allocation that the reads into it do anyway). Should the memory run out while the ranks read (another
-        process filled it meanwhile), the ``preadv`` into the mapping fails with EFAULT, not a SIGBUS (the kernel's
-        copy, not this process, touches the page): :func:`read` then exchanges over gloo (:data:`_NO_NODE_MEMORY`).
-
-        Only rank 0 creates the file (``O_EXCL``, under a name no other checkpointer uses); the others open it
-        after a first gather says it exists, never creating it: a rank that does not share rank 0's ``/dev/shm``
-        (another machine or container behind the same host name) finds no file and every rank falls back,
-        instead of reading its part into memory nobody else sees. The file is unlinked once every rank has it
-        mapped, so it disappears with the last mapping."""
+    def open(cls, comm: Comm, nbytes: int, rank: int, part: int) -> tp.Optional["_NodeBuffer"]:
+        """This rank's handle on the node's buffer of ``nbytes`` (its ``part`` of them still free on the tmpfs), or
+        None when it cannot have it (the reports then make every rank read again over gloo). Not collective."""
         import mmap
 
         comm.exchanges += 1
         path = os.path.join(NODE_DIR, f"{NODE_PREFIX}{comm.tag}-{comm.exchanges}")
-        fd, mm, ok = -1, None, 1
+        size = nbytes + _TOKEN * comm.world  # the tokens' slots after the data
+        fd, mm = -1, None
         try:
-            try:
-                fault("node_buffer", rank)
-                if rank == 0:
-                    _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
-                    st = os.statvfs(NODE_DIR)
-                    if st.f_bavail * st.f_frsize < nbytes:
-                        raise OSError(
-                            errno.ENOSPC, f"{NODE_DIR} has {st.f_bavail * st.f_frsize} bytes free, {nbytes} needed"
-                        )
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                    os.ftruncate(fd, nbytes)
-            except OSError as exc:
-                log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
-                ok = 0
-            created = comm.all_gather_ints([ok])[0][0]  # rank 0's file exists (or not)
-            if created and ok:
-                try:
-                    if rank != 0:
-                        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)  # never O_CREAT: rank 0's
-                        if os.fstat(fd).st_size != nbytes:
-                            raise OSError(f"{path}: not the size rank 0 made it")
-                    mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                except (OSError, ValueError) as exc:
-                    log.info("hpctrain.ckpt: no node buffer (%s): the restore exchanges over gloo", exc)
-                    ok = 0
-            agreed = bool(created) and all(o[0] for o in comm.all_gather_ints([ok]))  # every rank has it mapped
-        finally:
-            if rank == 0 and fd >= 0:
-                try:
-                    os.unlink(path)  # every rank has it open (or gave up): the mappings keep the memory
-                except FileNotFoundError:
-                    pass
-        if not agreed:
+            fault("node_buffer", rank)
+            if rank == 0:
+                _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
+            st = os.statvfs(NODE_DIR)
+            if st.f_bavail * st.f_frsize < part:
+                raise OSError(errno.ENOSPC, f"{NODE_DIR} has {st.f_bavail * st.f_frsize} bytes free, {part} needed")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                raise OSError(f"{path}: not a regular file of this user")
+            if info.st_size != size:
+                os.ftruncate(fd, size)  # the same size on every rank: whichever rank comes first sets it
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            token = secrets.token_bytes(_TOKEN - 1) + b"\x01"  # never all zeros, as an unwritten slot is
+            mm[nbytes + _TOKEN * rank : nbytes + _TOKEN * (rank + 1)] = token
+        except (OSError, ValueError) as exc:
+            log.info("hpctrain.ckpt: no node buffer on rank %d (%s): the restore exchanges over gloo", rank, exc)
             if mm is not None:
                 mm.close()
             if fd >= 0:
                 os.close(fd)
+                _unlink(path)
             return None
-        return cls(fd, mm, nbytes)
+        return cls(fd, mm, nbytes, path, token)
+
+    def shared_by(self, tokens: tp.Sequence[bytes]) -> bool:
+        """Whether every rank's token (from the reports, after every rank wrote its own) is in this mapping."""
+        mm = self._mm
+        return all(
+            t and mm[self.nbytes + _TOKEN * r : self.nbytes + _TOKEN * (r + 1)] == t for r, t in enumerate(tokens)
+        )
 
     def private(self) -> torch.Tensor:
         """The whole buffer, mapped copy-on-write (call once every rank has read its part); the shared mapping
@@ -423,10 +417,24 @@ class _NodeBuffer:
         return torch.frombuffer(mm, dtype=torch.uint8)
 
     def close(self) -> None:
-        self.shared = None  # the mapping goes with the last reference to it
+        """Release this rank's handles and remove the file's name (every rank: each may have made its own, and
+        every rank has it open once the reports are gathered); the memory goes with the last mapping."""
+        self.shared, self._mm = None, None  # the mapping goes with the last reference to it
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+            _unlink(self.path)
+
+
+_TOKEN = 64
+"""Bytes of a rank's token slot after the node buffer's data (one cache line each)."""
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _sweep_node_buffers(older_than_s: float) -> None:
@@ -538,16 +546,17 @@ def read(
     once = mode == "read_once" and world > 1
     chunk = _share(packed[2], rank, world, once)[0]
     node = None
-    if once and packed[2] and route.node:
-        node = _NodeBuffer.open(comm, chunk * world, rank)
+    via_node = bool(once and packed[2] and route.node)
+    if via_node:
+        node = _NodeBuffer.open(comm, chunk * world, rank, chunk)
     try:
-        tensors, errors = _read(index, p, comm, mode, verify, route, packed, node)
+        tensors, errors = _read(index, p, comm, mode, verify, route, packed, node, via_node)
     finally:
         if node is not None:
             node.close()
-    if node is not None and any(e.startswith(_NO_NODE_MEMORY) for e in errors):  # the same reports on every rank
+    if via_node and any(e.startswith(_NO_NODE_MEMORY) for e in errors):  # the same verdict on every rank
         log.warning("hpctrain.ckpt: %s: the restore reads again and exchanges over gloo", errors[0])
-        return _read(index, p, comm, mode, verify, route._replace(node=False), packed, None)
+        return _read(index, p, comm, mode, verify, route._replace(node=False), packed, None, False)
     return tensors, errors
 
 
@@ -560,6 +569,7 @@ def _read(
     route: Route,
     packed: tp.Tuple[tp.List[Region], tp.Dict, int],
     node: tp.Optional[_NodeBuffer],
+    via_node: bool,
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
     rank, world = comm.rank, comm.world
     stored, shared = p.stored, p.whole
@@ -567,7 +577,9 @@ def _read(
     regions, at, total = packed
     once = mode == "read_once" and world > 1
     chunk, lo, hi = _share(total, rank, world, once)
-    if node is None:
+    if via_node and node is None:  # no buffer here: nothing to read into; the reports make every rank read again
+        buf, lo, hi = torch.empty(ALIGN, dtype=torch.uint8), 0, 0
+    elif node is None:
         buf = torch.empty(max(chunk * world if once else total, ALIGN), dtype=torch.uint8)
     else:  # this rank reads its share into the node's buffer; ``buf`` is its private mapping (below)
         assert node.shared is not None
@@ -590,12 +602,13 @@ def _read(
         mem = own[w.key] = torch.empty(math.prod(w.box[1]), dtype=DTYPES[st.dtype])
         runs += [(sh, pos, mem.data_ptr() + d, n) for sh, pos, d, n in st.runs(w.box, es)]
     shared_chunks = [_share_chunks(rep, ws, stored, own, runs) for rep, ws in groups.values()]  # plan order
-    err = ""
+    err = f"{_NO_NODE_MEMORY} on rank {rank} (it could not open or map it)" if via_node and node is None else ""
     try:
         fault("restore_read", rank)
         if node is not None:
             _node_memory_fault(rank)
-        _read_runs(index, runs, segs)
+        if not err:
+            _read_runs(index, runs, segs)
     except CheckpointFormatError as exc:
         err = f"rank {rank}: {exc}"
     except OSError as exc:
@@ -607,7 +620,7 @@ def _read(
         err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     work = None
     try:
-        if node is not None:  # the node's buffer: mapped privately once every rank has read its part (below)
+        if via_node:  # the node's buffer: mapped privately once every rank has read its part (below)
             pass
         elif once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
             work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
@@ -621,15 +634,18 @@ def _read(
     except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
         raise comm._fail(exc) from exc
     views = _Views(buf, at)
-    tensors, rest = views.views(stored, shared) if node is None else ({}, [])  # while a gather runs: metadata only
+    tensors, rest = views.views(stored, shared) if not via_node else ({}, [])  # while a gather runs: metadata only
     if work is not None:
         try:
             work.wait()
         except Exception as exc:  # noqa: BLE001
             raise comm._fail(exc) from exc
-    report = (err, segs.out if segs is not None else {})
+    report = (err, segs.out if segs is not None else {}, node.token if node is not None else b"")
     reports = comm.all_gather(report)
-    errors = [e for e, _ in reports if e]
+    errors = [e for e, _, _ in reports if e]
+    if via_node and not any(e.startswith(_NO_NODE_MEMORY) for e in errors):
+        if node is None or not node.shared_by([t for _, _, t in reports]):  # every rank finds the same (above)
+            errors = [f"{_NO_NODE_MEMORY}: the ranks do not share one {NODE_DIR} (each made its own buffer file)"]
     if not errors and segs is not None:
         errors = _verify(index, reports, rank, world, comm)
     if errors:

@@ -109,7 +109,10 @@ def plan(index: Index, step: int, targets: tp.Sequence[tp.Tuple[str, tp.Any]], s
     trees = index.trees
     for name, _ in targets:
         if name not in trees:
-            raise HpctrainError(f"checkpoint step {step} holds no {name} state (it has: {', '.join(sorted(trees))})")
+            raise HpctrainError(
+                f"checkpoint step {step} does not fit the {name} passed to restore(): it holds no {name} state "
+                f"(it has: {', '.join(sorted(trees))}); restore without {name}= or from a step that saved it"
+            )
     names = [n for n, _ in targets] + (["extra"] if "extra" in trees else [])
     refmap = _RefMap()  # every reference of every skeleton, in the order unflatten met them
     skeletons = {n: unflatten(trees[n], refmap) for n in names}

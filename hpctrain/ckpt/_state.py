@@ -169,7 +169,8 @@ def layout(tensors: tp.Mapping[str, torch.Tensor], cache: tp.Optional["LayoutCac
     keys, values = list(tensors), list(tensors.values())
     dtypes, shapes = list(map(_DTYPE, values)), list(map(_SHAPE, values))
     if cache is not None and cache.keys == keys and cache.dtypes == dtypes and cache.shapes == shapes:
-        return Layout(list(zip(keys, values, cache.names, cache.sizes, cache.numels)), cache.total, cache.digest)
+        items = list(zip(keys, values, cache.names, cache.sizes, cache.numels))
+        return Layout(list(map(items.__getitem__, cache.order)), cache.total, cache.digest)
     # a miss (the first save): the same metadata, column by column (a state has a handful of distinct dtypes)
     info = {d: _dtype_info(d) for d in set(dtypes)}
     names = [info[d][0] for d in dtypes]
@@ -177,12 +178,49 @@ def layout(tensors: tp.Mapping[str, torch.Tensor], cache: tp.Optional["LayoutCac
     numels = list(map(torch.Tensor.numel, values))
     total = sum(map(operator.mul, sizes, numels))
     digest = hashlib.sha1(json.dumps([keys, names, list(map(tuple, shapes))]).encode()).hexdigest()
-    lay = Layout(list(zip(keys, values, names, sizes, numels)), total, digest)
+    order = spread_order(keys, list(map(operator.mul, sizes, numels)))
+    items = list(zip(keys, values, names, sizes, numels))
+    lay = Layout(list(map(items.__getitem__, order)), total, digest)
     if cache is not None:
         cache.keys, cache.dtypes, cache.shapes = keys, dtypes, shapes
         cache.names, cache.sizes, cache.numels = names, sizes, numels
-        cache.total, cache.digest = total, digest
+        cache.total, cache.digest, cache.order = total, digest, order
     return lay
+
+
+def spread_order(keys: tp.Sequence[str], nbytes: tp.Sequence[int]) -> tp.List[int]:
+    """The order in which the save lays tensors out in the byte stream that :func:`split_replicated` cuts into
+    equal ranges: each top-level state (``model/``, ``optimizer/``, ...) stays one contiguous run, in the state's
+    order, and within it the tensors larger than its mean size are interleaved with the smaller ones so that the
+    count of tensors placed keeps pace with the bytes placed.
+
+    Why: in state order the thousands of small tensors of a model (norms, biases) and of its optimizer state
+    cluster (Adam's state of every small parameter after that of the few big ones), so the rank whose byte range
+    holds them writes, and at restore parses, most of the entries (3003 of 4017 in the benchmark: 13 ms of a
+    header parse against 0.5-4.7 ms on the others, which every rank waits for), while every rank writes the
+    same bytes. Spread, every rank's range holds about the same count. The order changes nothing else: a restore
+    finds every tensor by key, and a state restored alone (the model without the optimizer) is still one run of
+    the files."""
+    out: tp.List[int] = []
+    i, n = 0, len(keys)
+    while i < n:
+        top = keys[i].split("/", 1)[0] + "/"
+        j = i + 1
+        while j < n and keys[j].startswith(top):
+            j += 1
+        total, count = sum(nbytes[i:j]), j - i
+        big = [k for k in range(i, j) if nbytes[k] * count > total]
+        small = [k for k in range(i, j) if nbytes[k] * count <= total]
+        placed = placed_bytes = a = b = 0
+        while a < len(big) or b < len(small):  # a small one next while fewer are placed than the bytes say
+            if b < len(small) and (a == len(big) or placed * total <= placed_bytes * count):
+                k, b = small[b], b + 1
+            else:
+                k, a = big[a], a + 1
+            out.append(k)
+            placed, placed_bytes = placed + 1, placed_bytes + nbytes[k]
+        i = j
+    return out
 
 
 class ShardLayout(tp.NamedTuple):
@@ -207,6 +245,8 @@ class LayoutCache:
         self.numels: tp.List[int] = []
         self.total = 0
         self.digest = ""
+        self.order: tp.List[int] = []
+        """:func:`spread_order` of the keys: where each tensor lies in the byte stream."""
         self._shard_key: tp.Any = None
         self._spans: tp.Tuple[tp.List[int], tp.List[int], tp.List[int]] = ([], [], [])
         """This rank's replicated pieces: their indices in the layout, starts and stops."""
