@@ -72,7 +72,16 @@ def fill(node: tp.Any, tensors: tp.Mapping[str, tp.Any]) -> tp.Any:
         t = tensors[node.key]
         return t.numpy() if node.as_numpy else t
     if isinstance(node, dict):
-        return {k: fill(v, tensors) for k, v in node.items()}
+        out = {}
+        for k, v in node.items():  # the children inline: references and numbers (most nodes), no call each
+            tv = type(v)
+            if tv is _Ref and not v.as_numpy:
+                out[k] = tensors[v.key]
+            elif tv is dict or tv is list or tv is tuple or tv is _Ref:
+                out[k] = fill(v, tensors)
+            else:
+                out[k] = v
+        return out
     if isinstance(node, list):
         return [fill(v, tensors) for v in node]
     if isinstance(node, tuple):

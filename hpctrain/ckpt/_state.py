@@ -110,10 +110,22 @@ def unflatten(tree: tp.Any, tensors: tp.Mapping[str, torch.Tensor]) -> tp.Any:
         if "__tuple__" in tree:
             return tuple(unflatten(v, tensors) for v in tree["__tuple__"])
         if "__dict__" in tree:
-            return {_hashable(unflatten(k, tensors)): unflatten(v, tensors) for k, v in tree["__dict__"]}
-        return {k: unflatten(v, tensors) for k, v in tree.items()}
+            return {
+                k if type(k) in _JSON_LEAVES else _hashable(unflatten(k, tensors)): unflatten(v, tensors)
+                for k, v in tree["__dict__"]
+            }
+        out = {}
+        for k, v in tree.items():  # the children inline: numbers and plain references (most nodes), no call each
+            tv = type(v)
+            if tv in _JSON_LEAVES:
+                out[k] = v
+            elif tv is dict and len(v) == 1 and "__tensor__" in v:
+                out[k] = tensors[v["__tensor__"]]
+            else:
+                out[k] = unflatten(v, tensors)
+        return out
     if isinstance(tree, list):
-        return [unflatten(v, tensors) for v in tree]
+        return [v if type(v) in _JSON_LEAVES else unflatten(v, tensors) for v in tree]
     return tree
 
 
@@ -169,8 +181,7 @@ def layout(tensors: tp.Mapping[str, torch.Tensor], cache: tp.Optional["LayoutCac
     keys, values = list(tensors), list(tensors.values())
     dtypes, shapes = list(map(_DTYPE, values)), list(map(_SHAPE, values))
     if cache is not None and cache.keys == keys and cache.dtypes == dtypes and cache.shapes == shapes:
-        items = list(zip(keys, values, cache.names, cache.sizes, cache.numels))
-        return Layout(list(map(items.__getitem__, cache.order)), cache.total, cache.digest)
+        return Layout(list(zip(keys, values, cache.names, cache.sizes, cache.numels)), cache.total, cache.digest)
     # a miss (the first save): the same metadata, column by column (a state has a handful of distinct dtypes)
     info = {d: _dtype_info(d) for d in set(dtypes)}
     names = [info[d][0] for d in dtypes]
@@ -178,49 +189,12 @@ def layout(tensors: tp.Mapping[str, torch.Tensor], cache: tp.Optional["LayoutCac
     numels = list(map(torch.Tensor.numel, values))
     total = sum(map(operator.mul, sizes, numels))
     digest = hashlib.sha1(json.dumps([keys, names, list(map(tuple, shapes))]).encode()).hexdigest()
-    order = spread_order(keys, list(map(operator.mul, sizes, numels)))
-    items = list(zip(keys, values, names, sizes, numels))
-    lay = Layout(list(map(items.__getitem__, order)), total, digest)
+    lay = Layout(list(zip(keys, values, names, sizes, numels)), total, digest)
     if cache is not None:
         cache.keys, cache.dtypes, cache.shapes = keys, dtypes, shapes
         cache.names, cache.sizes, cache.numels = names, sizes, numels
-        cache.total, cache.digest, cache.order = total, digest, order
+        cache.total, cache.digest = total, digest
     return lay
-
-
-def spread_order(keys: tp.Sequence[str], nbytes: tp.Sequence[int]) -> tp.List[int]:
-    """The order in which the save lays tensors out in the byte stream that :func:`split_replicated` cuts into
-    equal ranges: each top-level state (``model/``, ``optimizer/``, ...) stays one contiguous run, in the state's
-    order, and within it the tensors larger than its mean size are interleaved with the smaller ones so that the
-    count of tensors placed keeps pace with the bytes placed.
-
-    Why: in state order the thousands of small tensors of a model (norms, biases) and of its optimizer state
-    cluster (Adam's state of every small parameter after that of the few big ones), so the rank whose byte range
-    holds them writes, and at restore parses, most of the entries (3003 of 4017 in the benchmark: 13 ms of a
-    header parse against 0.5-4.7 ms on the others, which every rank waits for), while every rank writes the
-    same bytes. Spread, every rank's range holds about the same count. The order changes nothing else: a restore
-    finds every tensor by key, and a state restored alone (the model without the optimizer) is still one run of
-    the files."""
-    out: tp.List[int] = []
-    i, n = 0, len(keys)
-    while i < n:
-        top = keys[i].split("/", 1)[0] + "/"
-        j = i + 1
-        while j < n and keys[j].startswith(top):
-            j += 1
-        total, count = sum(nbytes[i:j]), j - i
-        big = [k for k in range(i, j) if nbytes[k] * count > total]
-        small = [k for k in range(i, j) if nbytes[k] * count <= total]
-        placed = placed_bytes = a = b = 0
-        while a < len(big) or b < len(small):  # a small one next while fewer are placed than the bytes say
-            if b < len(small) and (a == len(big) or placed * total <= placed_bytes * count):
-                k, b = small[b], b + 1
-            else:
-                k, a = big[a], a + 1
-            out.append(k)
-            placed, placed_bytes = placed + 1, placed_bytes + nbytes[k]
-        i = j
-    return out
 
 
 class ShardLayout(tp.NamedTuple):
@@ -245,8 +219,6 @@ class LayoutCache:
         self.numels: tp.List[int] = []
         self.total = 0
         self.digest = ""
-        self.order: tp.List[int] = []
-        """:func:`spread_order` of the keys: where each tensor lies in the byte stream."""
         self._shard_key: tp.Any = None
         self._spans: tp.Tuple[tp.List[int], tp.List[int], tp.List[int]] = ([], [], [])
         """This rank's replicated pieces: their indices in the layout, starts and stops."""
