@@ -7,7 +7,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
-from hpctrain.data._h5 import _GAP_BYTES, _SKIP_BYTES, Reader, scan
+from hpctrain.data._h5 import _GAP_BYTES, _SKIP_BYTES, _SKIP_SHARE, Reader, scan
 
 
 def _write(path, start, n):
@@ -59,7 +59,7 @@ def test_rows_a_task_does_not_need_are_not_read_when_the_gap_is_long(tmp_path):
     # gaps between them, not the whole block: no read amplification at a task's ends
     _write(tmp_path / "a.h5", 0, 1000)
     lay = scan([str(tmp_path / "a.h5")], ["x"], block_bytes=500 * 320)  # 320-byte rows, 500 rows a block: 2 blocks
-    skip = _SKIP_BYTES // 320
+    skip = max(_SKIP_BYTES // 320, 500 // _SKIP_SHARE)
     reader = Reader(lay)
     ids = np.array([10, 11, 12 + skip - 1, 400, 700])  # rows 10..12+skip-1 one span (gap skip-1); 400; 700
     out = {"x": np.full((5, 80), -1, np.float32)}
@@ -72,4 +72,20 @@ def test_rows_a_task_does_not_need_are_not_read_when_the_gap_is_long(tmp_path):
     reader.read(whole, [out])
     np.testing.assert_array_equal(out["x"][:, 0], np.arange(500, 1000, dtype=np.float32))
     assert reader.bytes_read == 500 * 320
+    reader.close()
+
+
+def test_short_gaps_in_a_block_are_read_through_so_a_block_takes_few_reads(tmp_path):
+    # 8 kB rows, 64 rows a block: a gap of 5 unneeded rows (40 kB, over _SKIP_BYTES) is still read through, since
+    # it is under an eighth of the block (8 rows): a block costs at most ~9 reads, never one per row
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(128, dtype=np.float32)[:, None].repeat(2048, 1))
+    lay = scan([str(tmp_path / "a.h5")], ["x"], block_bytes=64 * 8192)
+    assert 5 * 8192 >= _SKIP_BYTES and 5 < 64 // _SKIP_SHARE
+    reader = Reader(lay)
+    ids = np.array([0, 6, 12, 30])  # gaps of 5, 5 (read through) and 17 (skipped)
+    out = {"x": np.full((4, 2048), -1, np.float32)}
+    reader.read([ids], [out])
+    np.testing.assert_array_equal(out["x"][:, 0], ids.astype(np.float32))
+    assert reader.bytes_read == (13 + 1) * 8192
     reader.close()
