@@ -27,17 +27,17 @@ import errno
 import logging
 import math
 import os
-import secrets
-import stat
 import typing as tp
 from itertools import chain
 
 import torch
 
+from hpctrain.ckpt import _nodebuf
 from hpctrain.ckpt._boxes import crc32_combine
 from hpctrain.ckpt._commit import Comm, fault
 from hpctrain.ckpt._dtensor import Replicas, from_local, replicas
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
+from hpctrain.ckpt._nodebuf import NO_NODE_MEMORY, NodeBuffer, node_memory_fault
 from hpctrain.ckpt._reader import _BYTES_READ, Index, StoredTensor
 from hpctrain.ckpt._state import DTYPES
 from hpctrain.ckpt.config import RESTORE_EXCHANGES
@@ -299,7 +299,7 @@ class Route(tp.NamedTuple):
     device: tp.Optional[torch.device]
     """None: in place in host memory; else through buffers on this device (NCCL moves only device memory)."""
     node: bool = False
-    """Through a shared-memory buffer of the node (every rank on one host): :class:`_NodeBuffer`."""
+    """Through a shared-memory buffer of the node (every rank on one host): :class:`NodeBuffer`."""
 
 
 EXCHANGES = RESTORE_EXCHANGES  # the values CheckpointConfig.restore_exchange takes (ckpt/config.py)
@@ -321,139 +321,6 @@ def route(setting: str, comm: Comm) -> Route:
         return Route(comm.group, None)
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
     return Route(None, device)
-
-
-NODE_DIR = "/dev/shm"
-"""Where the ``node`` exchange puts its buffer (memory: tmpfs). Where it is missing or full, every rank falls
-back to the ``host`` route together."""
-NODE_PREFIX = "hpctrain-restore-"
-_NO_NODE_MEMORY = "no memory for the node buffer"
-"""How a read error that is no damage starts (the node's tmpfs ran out of memory): the ranks read again over gloo."""
-
-
-def _node_memory_fault(rank: int) -> None:
-    """Test seam: ``HPCTRAIN_CKPT_FAULT=node_memory:R:raise`` makes rank R's reads into the node buffer fail as
-    those into a full tmpfs do (EFAULT)."""
-    try:
-        fault("node_memory", rank)
-    except OSError as exc:
-        raise OSError(errno.EFAULT, str(exc)) from None
-
-
-_NODE_STALE_S = 7200.0
-"""A buffer file lives from its creation to the agreement right after (under ``agreement_timeout_s``); one this
-old was left by a rank that died in between, and the next exchange on the node removes it."""
-
-
-class _NodeBuffer:
-    """A shared-memory buffer that every rank of this host maps (``MAP_SHARED``): each rank reads its part of the
-    checkpoint's bytes into it; once every rank has, each maps the whole file again copy-on-write
-    (:meth:`private`): the bytes every rank read, as this rank's own memory, with no copy (a page is copied only
-    when this rank writes it: the page cache holds one copy of the node's bytes for every rank).
-
-    Opening it takes no collective: every rank opens (or creates) the file under the name all of them derive from
-    the checkpointer's tag and exchange count, and writes a random token into its slot after the data. The reports'
-    gather after the reads is the barrier; then each rank checks every rank's token in its mapping
-    (:meth:`shared_by`): a rank that does not share this ``/dev/shm`` (another machine or container behind the same
-    host name) made a file of its own, so its token is missing from every other rank's mapping and theirs from its:
-    every rank finds the mismatch from the same reports, and all of them read again over gloo together, before any
-    byte of the buffer is used. So do they when a rank could not open it or ran out of memory while reading into it."""
-
-    def __init__(self, fd: int, mm: tp.Any, nbytes: int, path: str, token: bytes) -> None:
-        self.fd, self.nbytes, self.path, self.token = fd, nbytes, path, token
-        self.shared: tp.Optional[torch.Tensor] = torch.frombuffer(mm, dtype=torch.uint8)
-        self._mm = mm
-
-    @classmethod
-    def open(cls, comm: Comm, nbytes: int, rank: int, part: int) -> tp.Optional["_NodeBuffer"]:
-        """This rank's handle on the node's buffer of ``nbytes`` (its ``part`` of them still free on the tmpfs), or
-        None when it cannot have it (the reports then make every rank read again over gloo). Not collective."""
-        import mmap
-
-        comm.exchanges += 1
-        path = os.path.join(NODE_DIR, f"{NODE_PREFIX}{comm.tag}-{comm.exchanges}")
-        size = nbytes + _TOKEN * comm.world  # the tokens' slots after the data
-        fd, mm = -1, None
-        try:
-            fault("node_buffer", rank)
-            if rank == 0:
-                _sweep_node_buffers(max(_NODE_STALE_S, 2 * comm.timeout_s))
-            st = os.statvfs(NODE_DIR)
-            if st.f_bavail * st.f_frsize < part:
-                raise OSError(errno.ENOSPC, f"{NODE_DIR} has {st.f_bavail * st.f_frsize} bytes free, {part} needed")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-                raise OSError(f"{path}: not a regular file of this user")
-            if info.st_size != size:
-                os.ftruncate(fd, size)  # the same size on every rank: whichever rank comes first sets it
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            token = secrets.token_bytes(_TOKEN - 1) + b"\x01"  # never all zeros, as an unwritten slot is
-            mm[nbytes + _TOKEN * rank : nbytes + _TOKEN * (rank + 1)] = token
-        except (OSError, ValueError) as exc:
-            log.info("hpctrain.ckpt: no node buffer on rank %d (%s): the restore exchanges over gloo", rank, exc)
-            if mm is not None:
-                mm.close()
-            if fd >= 0:
-                os.close(fd)
-                _unlink(path)
-            return None
-        return cls(fd, mm, nbytes, path, token)
-
-    def shared_by(self, tokens: tp.Sequence[bytes]) -> bool:
-        """Whether every rank's token (from the reports, after every rank wrote its own) is in this mapping."""
-        mm = self._mm
-        return all(
-            t and mm[self.nbytes + _TOKEN * r : self.nbytes + _TOKEN * (r + 1)] == t for r, t in enumerate(tokens)
-        )
-
-    def private(self) -> torch.Tensor:
-        """The whole buffer, mapped copy-on-write (call once every rank has read its part); the shared mapping
-        and the descriptor are released."""
-        import mmap
-
-        mm = mmap.mmap(self.fd, self.nbytes, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.close()
-        return torch.frombuffer(mm, dtype=torch.uint8)
-
-    def close(self) -> None:
-        """Release this rank's handles and remove the file's name (every rank: each may have made its own, and
-        every rank has it open once the reports are gathered); the memory goes with the last mapping."""
-        self.shared, self._mm = None, None  # the mapping goes with the last reference to it
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-            _unlink(self.path)
-
-
-_TOKEN = 64
-"""Bytes of a rank's token slot after the node buffer's data (one cache line each)."""
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _sweep_node_buffers(older_than_s: float) -> None:
-    """Remove node-exchange buffers left by ranks that died before unlinking them (only this user's)."""
-    import time
-
-    try:
-        names = [n for n in os.listdir(NODE_DIR) if n.startswith(NODE_PREFIX)]
-    except OSError:
-        return
-    now = time.time()
-    for n in names:
-        p = os.path.join(NODE_DIR, n)
-        try:
-            st = os.lstat(p)
-            if st.st_uid == os.getuid() and now - st.st_mtime > older_than_s:
-                os.unlink(p)
-        except OSError:
-            pass
 
 
 _DEVICE_ROUND = 1 << 30
@@ -548,13 +415,13 @@ def read(
     node = None
     via_node = bool(once and packed[2] and route.node)
     if via_node:
-        node = _NodeBuffer.open(comm, chunk * world, rank, chunk)
+        node = NodeBuffer.open(comm, chunk * world, rank, chunk)
     try:
         tensors, errors = _read(index, p, comm, mode, verify, route, packed, node, via_node)
     finally:
         if node is not None:
             node.close()
-    if via_node and any(e.startswith(_NO_NODE_MEMORY) for e in errors):  # the same verdict on every rank
+    if via_node and any(e.startswith(NO_NODE_MEMORY) for e in errors):  # the same verdict on every rank
         log.warning("hpctrain.ckpt: %s: the restore reads again and exchanges over gloo", errors[0])
         return _read(index, p, comm, mode, verify, route._replace(node=False), packed, None, False)
     return tensors, errors
@@ -568,7 +435,7 @@ def _read(
     verify: bool,
     route: Route,
     packed: tp.Tuple[tp.List[Region], tp.Dict, int],
-    node: tp.Optional[_NodeBuffer],
+    node: tp.Optional[NodeBuffer],
     via_node: bool,
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
     rank, world = comm.rank, comm.world
@@ -602,18 +469,18 @@ def _read(
         mem = own[w.key] = torch.empty(math.prod(w.box[1]), dtype=DTYPES[st.dtype])
         runs += [(sh, pos, mem.data_ptr() + d, n) for sh, pos, d, n in st.runs(w.box, es)]
     shared_chunks = [_share_chunks(rep, ws, stored, own, runs) for rep, ws in groups.values()]  # plan order
-    err = f"{_NO_NODE_MEMORY} on rank {rank} (it could not open or map it)" if via_node and node is None else ""
+    err = f"{NO_NODE_MEMORY} on rank {rank} (it could not open or map it)" if via_node and node is None else ""
     try:
         fault("restore_read", rank)
         if node is not None:
-            _node_memory_fault(rank)
+            node_memory_fault(rank)
         if not err:
             _read_runs(index, runs, segs)
     except CheckpointFormatError as exc:
         err = f"rank {rank}: {exc}"
     except OSError as exc:
         if node is not None and exc.errno == errno.EFAULT:  # the node's tmpfs is full: not damage, no quarantine
-            err = f"{_NO_NODE_MEMORY} on rank {rank} ({NODE_DIR} ran out of memory while it read its part)"
+            err = f"{NO_NODE_MEMORY} on rank {rank} ({_nodebuf.NODE_DIR} ran out of memory while it read its part)"
         else:
             err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - any failure to read: the step is rejected on every rank
@@ -643,9 +510,11 @@ def _read(
     report = (err, segs.out if segs is not None else {}, node.token if node is not None else b"")
     reports = comm.all_gather(report)
     errors = [e for e, _, _ in reports if e]
-    if via_node and not any(e.startswith(_NO_NODE_MEMORY) for e in errors):
+    if via_node and not any(e.startswith(NO_NODE_MEMORY) for e in errors):
         if node is None or not node.shared_by([t for _, _, t in reports]):  # every rank finds the same (above)
-            errors = [f"{_NO_NODE_MEMORY}: the ranks do not share one {NODE_DIR} (each made its own buffer file)"]
+            errors = [
+                f"{NO_NODE_MEMORY}: the ranks do not share one {_nodebuf.NODE_DIR} (each made its own buffer file)"
+            ]
     if not errors and segs is not None:
         errors = _verify(index, reports, rank, world, comm)
     if errors:

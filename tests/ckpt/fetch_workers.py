@@ -97,7 +97,7 @@ class _Said(logging.Handler):
 
 
 def _node_files(tag: str) -> tp.List[str]:
-    from hpctrain.ckpt._fetch import NODE_DIR, NODE_PREFIX
+    from hpctrain.ckpt._nodebuf import NODE_DIR, NODE_PREFIX
 
     return sorted(n for n in os.listdir(NODE_DIR) if n.startswith(f"{NODE_PREFIX}{tag}-"))
 
@@ -156,10 +156,10 @@ def separate_node_dirs(rank: int, world: int, d: str, base: str) -> tp.Dict[str,
     """Restore through the node exchange where every rank has its own ``/dev/shm`` behind one host name (as
     containers or machines that report the same name): no rank may read its part into memory the others do not
     see; every rank falls back to gloo and the restore is exact."""
-    from hpctrain.ckpt import _fetch
+    from hpctrain.ckpt import _nodebuf
 
-    _fetch.NODE_DIR = os.path.join(base, f"rank{rank}")
-    os.makedirs(_fetch.NODE_DIR, exist_ok=True)
+    _nodebuf.NODE_DIR = os.path.join(base, f"rank{rank}")
+    os.makedirs(_nodebuf.NODE_DIR, exist_ok=True)
     ck = Checkpointer(cfg(d, restore_mode="read_once", restore_exchange="node"))
     model, opt, _ = state(999)
     res = ck.restore(model=Holder(model), optimizer=Holder(opt))
@@ -168,4 +168,4 @@ def separate_node_dirs(rank: int, world: int, d: str, base: str) -> tp.Dict[str,
     want_model, want_opt, _ = state(res.step)
     exact = all(torch.equal(model[k], want_model[k]) for k in want_model)
     exact = exact and all(torch.equal(opt[k], want_opt[k]) for k in want_opt)
-    return {"step": res.step, "exact": exact, "left": os.listdir(_fetch.NODE_DIR)}
+    return {"step": res.step, "exact": exact, "left": os.listdir(_nodebuf.NODE_DIR)}

@@ -172,7 +172,7 @@ def test_tensors_restored_through_the_node_buffer_are_each_ranks_own(tmp_path):
 
 
 def test_the_node_exchange_removes_stale_buffer_files_of_dead_ranks(tmp_path):
-    from hpctrain.ckpt._fetch import NODE_DIR, NODE_PREFIX
+    from hpctrain.ckpt._nodebuf import NODE_DIR, NODE_PREFIX
 
     run_world(fw.save, 2, str(tmp_path / "ck"), [1])
     stale, fresh = f"{NODE_PREFIX}test-stale-{os.getpid()}", f"{NODE_PREFIX}test-fresh-{os.getpid()}"
