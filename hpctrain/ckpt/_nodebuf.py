@@ -87,13 +87,15 @@ class NodeBuffer:
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             token = secrets.token_bytes(_TOKEN - 1) + b"\x01"  # never all zeros, as an unwritten slot is
             mm[nbytes + _TOKEN * rank : nbytes + _TOKEN * (rank + 1)] = token
-        except (OSError, ValueError) as exc:
-            log.info("hpctrain.ckpt: no node buffer on rank %d (%s): the restore exchanges over gloo", rank, exc)
+        except BaseException as exc:  # whatever it is, the file made here is not left behind
             if mm is not None:
                 mm.close()
             if fd >= 0:
                 os.close(fd)
                 _unlink(path)
+            if not isinstance(exc, (OSError, ValueError)):
+                raise
+            log.info("hpctrain.ckpt: no node buffer on rank %d (%s): the restore exchanges over gloo", rank, exc)
             return None
         return cls(fd, mm, nbytes, path, token)
 
