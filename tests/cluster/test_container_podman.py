@@ -113,8 +113,9 @@ def test_time_limit_and_a_failed_node_inside_podman_end_as_they_do_outside(image
     common = ["--data", str(data), "--batch", str(BATCH), "--steps", str(STEPS)]
     container = [*flags, "--container-mounts", str(tmp_path)]
     limit_dir, fail_dir = tmp_path / "limit", tmp_path / "fail"
-    # --time 2 and 0.5 s a step (80 s of steps): the warning (15-75 s before the end) comes before the last step
-    limit = _submit(limit_dir, [*common, "--sleep", "0.5"], constraint="steady", partition="debug", nodes=1,
+    # --time 2 and 0.7 s a step (112 s of steps, more than the limit with the start-up): the warning (15-75 s before
+    # the end) always comes before the last step (with 0.5 s, 80 s of steps, a fast start-up once finished first)
+    limit = _submit(limit_dir, [*common, "--sleep", "0.7"], constraint="steady", partition="debug", nodes=1,
                     time_="2", container=container, conf=conf)  # fmt: skip
     # no constraint: after the exclusion the requeued job needs two of the three other nodes; 0.25 s a step leaves
     # ~34 s of steps after step 25 for the node failure to land (0.1 s lost that race under load: 13 s)
