@@ -20,17 +20,19 @@ Every rank puts an owner file (host, pid, job) in the tmp dir right after creati
 step that exists moves the old copy aside (``step-N.replaced-*``) and renames the new one into place;
 the old copy is deleted only after that, and put back by the next clean-up if the save died between.
 
-Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:raiseonce|:sleepSECONDS]``, comma separated;
+Fault points (``HPCTRAIN_CKPT_FAULT=point[:rank][:raise|:raiseonce|:efault|:sleepSECONDS]``, comma separated;
 SIGKILL by default):
 ``start``, ``before_write``, ``after_write`` (written, not fsynced), ``after_fsync`` (before the
 agreement), ``after_agree``, ``after_manifest``, ``after_move_aside`` (a re-save, between its two
 renames), ``after_rename`` (before LATEST), ``after_latest``; and ``restore_read`` (a rank's reads during restore),
-``node_buffer`` (a rank's shared-memory buffer of the ``node`` exchange: ``:raise`` makes every rank fall back).
+``node_buffer`` (a rank's shared-memory buffer of the ``node`` exchange: ``:raise`` makes every rank fall back),
+``node_memory`` (a rank's reads into that buffer: ``:efault`` fails them as a full tmpfs does).
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import logging
 import operator
 import os
@@ -93,6 +95,8 @@ def fault(point: str, rank: int, spec: tp.Optional[str] = None) -> None:
         parts = item.strip().split(":")
         if parts[0] != point or (len(parts) > 1 and parts[1] not in ("", "*", str(rank))):
             continue
+        if len(parts) > 2 and parts[2] == "efault":  # as a read into memory that cannot be had (a full tmpfs)
+            raise OSError(errno.EFAULT, f"injected EFAULT at {point}")
         if len(parts) > 2 and parts[2] in ("raise", "raiseonce"):
             if parts[2] == "raiseonce":  # the first time in this process only (a transient failure)
                 if item in _FIRED:

@@ -37,7 +37,7 @@ from hpctrain.ckpt._boxes import crc32_combine
 from hpctrain.ckpt._commit import Comm, fault
 from hpctrain.ckpt._dtensor import Replicas, from_local, replicas
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
-from hpctrain.ckpt._nodebuf import NO_NODE_MEMORY, NodeBuffer, node_memory_fault
+from hpctrain.ckpt._nodebuf import NO_NODE_MEMORY, NodeBuffer
 from hpctrain.ckpt._reader import _BYTES_READ, Index, StoredTensor
 from hpctrain.ckpt._state import DTYPES
 from hpctrain.ckpt.config import RESTORE_EXCHANGES
@@ -473,7 +473,7 @@ def _read(
     try:
         fault("restore_read", rank)
         if node is not None:
-            node_memory_fault(rank)
+            fault("node_memory", rank)  # test seam: node_memory:R:efault, a read into a full tmpfs
         if not err:
             _read_runs(index, runs, segs)
     except CheckpointFormatError as exc:

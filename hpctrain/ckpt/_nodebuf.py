@@ -15,7 +15,7 @@ import torch
 
 from hpctrain.ckpt._commit import Comm, fault
 
-__all__ = ["NODE_DIR", "NODE_PREFIX", "NodeBuffer", "NO_NODE_MEMORY", "node_memory_fault"]
+__all__ = ["NODE_DIR", "NODE_PREFIX", "NodeBuffer", "NO_NODE_MEMORY"]
 
 log = logging.getLogger("hpctrain.ckpt")
 
@@ -25,15 +25,6 @@ back to the ``host`` route together."""
 NODE_PREFIX = "hpctrain-restore-"
 NO_NODE_MEMORY = "no memory for the node buffer"
 """How a read error that is no damage starts (the node's tmpfs ran out of memory): the ranks read again over gloo."""
-
-
-def node_memory_fault(rank: int) -> None:
-    """Test seam: ``HPCTRAIN_CKPT_FAULT=node_memory:R:raise`` makes rank R's reads into the node buffer fail as
-    those into a full tmpfs do (EFAULT)."""
-    try:
-        fault("node_memory", rank)
-    except OSError as exc:
-        raise OSError(errno.EFAULT, str(exc)) from None
 
 
 _NODE_STALE_S = 7200.0

@@ -12,7 +12,7 @@ import torch
 
 from hpctrain.ckpt import Checkpointer
 from hpctrain.ckpt._commit import _FIRED
-from tests.ckpt.workers import cfg
+from tests.ckpt.workers import LogLines, cfg
 
 SIZES = (37, 1000, 3001, 17, 5000, 1, 2048, 999)
 
@@ -61,7 +61,7 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
             _FIRED.clear()  # each job's "raiseonce" fires once in it, whatever an earlier job fired
             os.environ["HPCTRAIN_CKPT_FAULT"] = fault
         mode, _, exchange = mode.partition("+")
-        said = _Said()
+        said = LogLines()
         logging.getLogger("hpctrain.ckpt").addHandler(said)
         try:
             ck = Checkpointer(cfg(d, restore_mode=mode, restore_exchange=exchange or "host"))
@@ -81,19 +81,8 @@ def restore(rank: int, world: int, jobs: tp.Sequence[tp.Tuple[str, str, str]]) -
         if exchange == "node":  # the node exchange's buffer files: none left once the restore returned
             out[-1]["node_files_left"] = _node_files(ck._comm.tag)
             out[-1]["exchanges"] = ck._comm.exchanges
-            out[-1]["read_again_over_gloo"] = any("exchanges over gloo" in m for m in said.messages)
+            out[-1]["read_again_over_gloo"] = any("exchanges over gloo" in m for m in said.lines)
     return out
-
-
-class _Said(logging.Handler):
-    """The checkpointer's log messages of one job (warnings and above)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: tp.List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def _node_files(tag: str) -> tp.List[str]:

@@ -121,7 +121,7 @@ def damaged(tmp_path_factory):
     shutil.copytree(root / "intact", root / "no-node-buffer")
     jobs.append((str(root / "no-node-buffer"), "read_once+node", "node_buffer:1:raise"))
     shutil.copytree(root / "intact", root / "node-memory")
-    jobs.append((str(root / "node-memory"), "read_once+node", "node_memory:1:raise"))
+    jobs.append((str(root / "node-memory"), "read_once+node", "node_memory:1:efault"))
     two = run_world(fw.restore, 2, jobs).results
     return root, where, two
 
@@ -153,7 +153,7 @@ def test_a_rank_without_a_node_buffer_makes_every_rank_exchange_over_gloo(damage
 
 
 def test_a_node_buffer_whose_memory_runs_out_is_not_damage_the_ranks_read_again_over_gloo(damaged):
-    # node_memory:1:raise: rank 1's reads into the node buffer fail as into a full tmpfs (EFAULT): no step is
+    # node_memory:1:efault: rank 1's reads into the node buffer fail as into a full tmpfs (EFAULT): no step is
     # quarantined, both ranks read the newest step again over gloo, bit-exact, and no buffer file is left
     _, _, two = damaged
     got = [r[len(MODES) + 3] for r in two]

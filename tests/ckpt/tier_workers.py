@@ -7,7 +7,7 @@ import os
 import typing as tp
 
 from hpctrain.ckpt.tiers import TieredCheckpointer
-from tests.ckpt.workers import build, cfg, state_hash
+from tests.ckpt.workers import LogLines, build, cfg, state_hash
 
 
 def _ck(gdir: str, ldir: str, identity: str, **kw: tp.Any) -> TieredCheckpointer:
@@ -47,15 +47,6 @@ def save(
     return out
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: tp.List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def _mine(identity: tp.Union[str, tp.Sequence[str]], rank: int) -> str:
     """The run identity of ``rank``: one for all, or one per rank (the Trainer's: rank 0's, "" elsewhere)."""
     return identity if isinstance(identity, str) else identity[rank]
@@ -65,7 +56,7 @@ def restore(
     rank: int, world: int, gdir: str, ldir: str, identity: tp.Union[str, tp.Sequence[str]] = "id-A", **kw: tp.Any
 ) -> tp.Dict[str, tp.Any]:
     """Restore into fresh objects: the step, tier, newest global step, state hash and the log lines."""
-    lines = _Lines()
+    lines = LogLines()
     logging.getLogger("hpctrain.ckpt").addHandler(lines)
     ck = _ck(gdir, ldir, _mine(identity, rank), **kw)
     model, opt, sched = build(seed=999, steps=0)
@@ -184,7 +175,7 @@ def scenarios(
     CheckpointConfig fields for the saves."""
     import torch.distributed as dist
 
-    lines = _Lines()
+    lines = LogLines()
     logging.getLogger("hpctrain.ckpt").addHandler(lines)
     saved = save(rank, world, gdir, ldir, steps, opts=opts) if steps else []
     logging.getLogger("hpctrain.ckpt").removeHandler(lines)

@@ -7,6 +7,7 @@ Every builder is deterministic in its arguments, so the "replicated" state is id
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import typing as tp
 
@@ -76,6 +77,17 @@ def state_hash(model: torch.nn.Module, opt: tp.Any = None, sched: tp.Any = None)
     if sched is not None:
         feed(sched.state_dict())
     return h.hexdigest()
+
+
+class LogLines(logging.Handler):
+    """The log messages (warnings and above) of the logger it is added to, while it is."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: tp.List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def cfg(d: str, **kw: tp.Any) -> CheckpointConfig:
