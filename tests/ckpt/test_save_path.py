@@ -9,7 +9,7 @@ import zlib
 import torch
 
 from hpctrain.ckpt import CheckpointConfig, Checkpointer
-from hpctrain.ckpt._format import encode_header, header_json
+from hpctrain.ckpt._format import encode_header, entries_json, header_json
 from hpctrain.ckpt._reader import read_header
 from hpctrain.ckpt._state import LayoutCache, Piece, flatten, layout, plan_offsets, split_replicated, whole
 
@@ -113,6 +113,36 @@ def test_header_with_pre_encoded_fields_is_byte_identical():
     assert encode_header(header, {"entries": header_json(header["entries"])}) == encode_header(header)
     header["trees"] = {"m": [float("nan"), None, True]}
     assert encode_header(header, {"entries": header_json(header["entries"])}) == encode_header(header)
+
+
+def test_entries_text_from_the_template_is_exactly_the_json_encoders():
+    """The save writes its entries' JSON from a template (entries_json): the text must be header_json's, byte for
+    byte, for any key (escapes, non-ASCII, a lone surrogate), shape and number, and for entries it does not
+    template (a box, fields in another order, a bool or float where an int belongs)."""
+    keys = ["model/w", 'q"uote\\back', "tab\tnl\n\x00\x1f", "é€😀", "\ud800lone", "", "/" * 300]
+    entries = []
+    for i, key in enumerate(keys):
+        for shape in ([], [7], [3, 4], [0, 2, 1]):
+            entries.append(
+                {
+                    "key": key,
+                    "dtype": "bfloat16",
+                    "shape": shape,
+                    "start": i,
+                    "stop": 2**40 + i,
+                    "offset": 64 * i,
+                    "nbytes": 0,
+                }
+            )
+    entries += [
+        {"key": "s", "dtype": "float32", "shape": [8, 3], "box": [[2, 0], [2, 3]], "offset": 0, "nbytes": 24},
+        {"dtype": "float32", "key": "order", "shape": [1], "start": 0, "stop": 1, "offset": 0, "nbytes": 4},
+        {"key": "b", "dtype": "bool", "shape": [1], "start": True, "stop": 1, "offset": 0, "nbytes": 1},
+        {"key": "f", "dtype": "float32", "shape": [1], "start": 0, "stop": 1, "offset": 0.0, "nbytes": 4},
+    ]
+    assert entries_json(entries) == header_json(entries)
+    assert entries_json([]) == header_json([]) == "[]"
+    assert json.loads(entries_json(entries)) == entries
 
 
 def test_repeated_saves_of_a_changing_state_restore_each_exactly_and_keep_gc_on(tmp_path):
