@@ -52,6 +52,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "MAX_WORLD_SIZE",
     "MAX_JSON_DEPTH",
+    "SHARE_INLINE",
     "PieceRef",
     "StoredTensor",
     "Index",
@@ -73,6 +74,10 @@ MAX_WORLD_SIZE = 99_999
 """Shard file names carry five digits of rank and world size."""
 MAX_JSON_DEPTH = 100
 """State dicts nest a handful of levels; deeper JSON is refused before anything recurses over it."""
+SHARE_INLINE = 256 << 10
+"""The bytes of a rank's :func:`index_share` message that its exchange carries in its first collective: a share
+of ~4000 tensors pickles to ~200 KB (the rank holding shard 0 sends the state trees too), so a restore of such a
+state exchanges its index in one collective; a larger share takes a second."""
 _READ_CHUNK = 16 << 20
 _BYTES_READ = [0]  # tensor bytes read from shard files by this process (restore, digest): the benchmark's meter
 

@@ -32,7 +32,7 @@ from hpctrain.ckpt._format import (
     quarantine_name,
     step_name,
 )
-from hpctrain.ckpt._reader import Index, build_index, index_share
+from hpctrain.ckpt._reader import SHARE_INLINE, Index, build_index, index_share
 from hpctrain.ckpt._restore import Plan, fill, plan, resolve_mode
 from hpctrain.ckpt._scan import (
     Deleter,
@@ -440,7 +440,7 @@ class Checkpointer:
                     if first is not None
                     else (None, None)
                 )
-                got, shares = self._comm.all_gather_with(words, (first, message))
+                got, shares = self._comm.all_gather_with(words, (first, message), inline=SHARE_INLINE)
                 if first is not None and all(f == first for f, _ in shares):
                     gathered = {first: ([sh for _, sh in shares], manifest)}
             if all(w == got[0] for w in got):
