@@ -12,9 +12,11 @@ into rows and compared with GOALS, the one table of goals.
 and its peer once, interleaved (A B C, A B C, ...), the ratio taken per round; a row's ``measured`` is the
 median of the per-round figures (a goal is met when the median meets it) and its ``spread`` their min-max.
 How a benchmark gets its rounds is its ``rounds`` field: ``suite`` (the script run N times with
-``round_args``, the load average read around each run), ``script`` (``--repeat N`` passed on; the script
-interleaves and reports its rounds itself) or ``once``. The logic (medians, spreads, the load mark: a round
-whose 1-min load average moved by more than one core) is ``benchmarks/_rounds.py``. Writes, next to each other:
+``round_args``, and its ``round_flag`` with the round's number where it has one: the checkpoint benchmark
+counterbalances its order with it; the load average read around each run), ``script`` (``--repeat N`` passed
+on; the script interleaves and reports its rounds itself) or ``once``. The logic (medians, spreads, the load
+mark: a round whose 1-min load average moved by more than one core) is ``benchmarks/_rounds.py``. Writes, next
+to each other:
 
 * ``PATH`` (default ``bench_out/benchmarks.json``): the JSON below;
 * ``PATH`` with ``.md``: a markdown table of the rows (benchmark, ratio, against, goal, measured, met);
@@ -102,6 +104,7 @@ class Benchmark:
     # reporting them in _rounds' format), "once" (run once: its own repeats inside, or a pass/fail check)
     rounds: str = "once"
     round_args: tp.Tuple[str, ...] = ()
+    round_flag: str = ""  # "suite" rounds: the flag that passes each run its round's number (1, 2, ...), if any
 
 
 BENCHMARKS: tp.Tuple[Benchmark, ...] = (
@@ -118,7 +121,8 @@ BENCHMARKS: tp.Tuple[Benchmark, ...] = (
         "sync / async save and restore vs raw I/O, DCP and torch.save, on disk (./bench_out) and tmpfs (/dev/shm)",
         quick=("--size-mb", "16", "--world", "2", "--repeat", "1"),
         rounds="suite",
-        round_args=("--repeat", "1"),  # one round per run: each run measures every side once, in the same order
+        round_args=("--repeat", "1"),  # one round per run: each run measures every side once
+        round_flag="--round",  # odd rounds measure each ceiling before hpctrain, even rounds after (counterbalanced)
     ),
     Benchmark(
         "submit",
@@ -408,7 +412,8 @@ def run_one(b: Benchmark, quick: bool, work: Path, repeat: int = 1) -> tp.Dict[s
         recs, rounds = [], []
         for i in range(1, repeat + 1):
             before = _rounds.load_1min()
-            rec = run_proc(b, quick, work, list(b.round_args), f"{b.name}.round{i}")
+            args = [*b.round_args, *((b.round_flag, str(i)) if b.round_flag else ())]
+            rec = run_proc(b, quick, work, args, f"{b.name}.round{i}")
             rounds.append(_rounds.Round(i, before, _rounds.load_1min(), _rounds.flatten(rec["result"]), rec["seconds"]))
             recs.append(rec)
             if rec["status"] != "ok":

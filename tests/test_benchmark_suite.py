@@ -152,6 +152,30 @@ def test_gpu_checks_are_skipped_without_a_gpu(tmp_path):
     assert all(row["status"] == "skipped" for row in report["rows"])
 
 
+def test_suite_rounds_pass_each_run_its_round_number_for_a_counterbalanced_order(tmp_path):
+    """A "suite" benchmark runs its script once per round; with a ``round_flag`` each run gets its round's number
+    (the checkpoint benchmark measures its ceilings first in odd rounds, hpctrain first in even ones), and each
+    round's figures are that run's."""
+    run = load_run()
+    echo = script(
+        tmp_path / "echo.py",
+        "args = sys.argv[1:]\n"
+        "out = args[args.index('--json') + 1]\n"
+        "fig = {'round': int(args[args.index('--round') + 1])}\n"
+        "fig['repeat'] = int(args[args.index('--repeat') + 1])\n"
+        "json.dump(fig, open(out, 'w'))\n",
+    )
+    b = run.Benchmark("echo", str(echo), "echo", rounds="suite", round_args=("--repeat", "1"), round_flag="--round")
+    rec = run.run_one(b, False, tmp_path, repeat=4)
+    assert rec["status"] == "ok", rec["error"]
+    figures = [r["figures"] for r in rec["rounds"]]
+    assert [f["round"] for f in figures] == [1, 2, 3, 4] and all(f["repeat"] == 1 for f in figures)
+    plain = run.Benchmark("plain", str(echo), "no flag", rounds="suite", round_args=("--repeat", "1"))
+    assert run.run_one(plain, False, tmp_path, repeat=1)["status"] == "failed"  # no --round passed: the script fails
+    checkpoint = next(x for x in run.BENCHMARKS if x.name == "checkpoint")
+    assert checkpoint.rounds == "suite" and checkpoint.round_flag == "--round"
+
+
 def test_rows_markdown_and_svg_from_recorded_results():
     run = load_run()
     train = {"metrics_overhead_in_process": 0.0075, "metrics_overhead_median": -0.03, "status_vs_python_pass": 2.7}
