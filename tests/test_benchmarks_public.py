@@ -105,7 +105,7 @@ def test_ckpt_digest_meters_bytes_read_and_replicated_share_covers_every_byte_on
     import torch
 
     from hpctrain.ckpt import CheckpointConfig, Checkpointer, digest, meters, replicated_share
-    from hpctrain.ckpt._reader import digest_dir
+    from hpctrain.ckpt._index import digest_dir
 
     class Holder:
         def __init__(self, sd: tp.Dict[str, torch.Tensor]) -> None:

@@ -4,7 +4,8 @@ Importing ``hpctrain.ckpt`` is cheap: the torch-based :class:`Checkpointer` load
 the login-node CLI (``python -m hpctrain ckpt ls|verify|gc|digest``) never imports torch.
 
 The login-side readers below are stdlib only (they never import torch), and they are how every other package
-reads a checkpoint directory; the private modules (``_reader``, ``_scan``, ``_format``) are this package's own:
+reads a checkpoint directory; the private modules (``_reader``, ``_index``, ``_scan``, ``_format``) are this
+package's own:
 
 - :func:`scan` -- every entry of a checkpoint directory (:class:`Entry`: committed, incomplete, in-progress ...);
 - :func:`committed` -- the committed ones only, ``[]`` for a directory that is missing or unreadable;
@@ -64,7 +65,7 @@ class Committed(tuple):  # type: ignore[type-arg]
 
 
 if tp.TYPE_CHECKING:  # pragma: no cover
-    from hpctrain.ckpt._reader import Index
+    from hpctrain.ckpt._index import Index
     from hpctrain.ckpt._scan import Entry
     from hpctrain.ckpt.checkpointer import Checkpointer, RestoreResult
 
@@ -141,7 +142,7 @@ def verify(
     piece index and state trees, and (``checksums``) the crc32 of every shard (or of the shards ``only``).
     Returns the manifest; raises :class:`hpctrain.errors.CheckpointFormatError` naming the first bad file, the
     same checks ``python -m hpctrain ckpt verify`` runs. Stdlib only."""
-    from hpctrain.ckpt._reader import verify_dir
+    from hpctrain.ckpt._index import verify_dir
 
     return verify_dir(step_dir, checksums=checksums, only=only)
 
@@ -150,7 +151,7 @@ def read_index(step_dir: PathLike) -> "Index":
     """The structure of one checkpoint directory without its tensor bytes: ``.manifest``, ``.shards`` and
     ``.tensors`` (key such as ``model/w`` -> a record with ``dtype`` and ``shape``), after every check but the
     crc32s (:func:`verify` adds those). Raises :class:`hpctrain.errors.CheckpointFormatError`. Stdlib only."""
-    from hpctrain.ckpt._reader import build_index
+    from hpctrain.ckpt._index import build_index
 
     return build_index(step_dir)
 

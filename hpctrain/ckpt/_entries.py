@@ -9,7 +9,7 @@ import typing as tp
 
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES
 
-__all__ = ["MAX_DIMS", "_entry_problem", "_ranges_ok"]
+__all__ = ["MAX_DIMS", "RangeColumns", "_entry_problem", "_ranges_ok", "range_columns"]
 
 MAX_DIMS = 64
 _MAX_ELEMENTS = 1 << 62  # keeps shapes and strides inside int64 (torch's index type)
@@ -67,41 +67,60 @@ def _entry_problem(e: tp.Any, data_start: int, size: int) -> str:
 _RANGE_FIELDS = ("key", "dtype", "shape", "start", "stop", "offset", "nbytes")
 
 
+class RangeColumns(tp.NamedTuple):
+    """The fields of checked range entries, one list per field, in the entries' order."""
+
+    keys: tp.List[str]
+    dtypes: tp.List[str]
+    shapes: tp.List[tp.List[int]]
+    starts: tp.List[int]
+    stops: tp.List[int]
+    offsets: tp.List[int]
+    nbytes: tp.List[int]
+
+
 def _ranges_ok(entries: tp.List[tp.Any], data_start: int, size: int) -> bool:
-    """Whether every one of ``entries`` passes :func:`_entry_problem` as a range entry, checked a field at a
-    time (one comprehension per field, not one call per entry). False: some entry does not (or is not a
-    range entry); the caller then checks entry by entry, which names the first bad one."""
+    """Whether every one of ``entries`` passes :func:`_entry_problem` as a range entry (:func:`range_columns`)."""
+    return range_columns(entries, data_start, size) is not None
+
+
+def range_columns(entries: tp.List[tp.Any], data_start: int, size: int) -> tp.Optional[RangeColumns]:
+    """The fields of ``entries`` when every one passes :func:`_entry_problem` as a range entry, checked a field
+    at a time (one comprehension per field, not one call per entry); the index is built from these columns. None:
+    some entry does not (or is not a range entry); the caller then checks entry by entry, which names the first
+    bad one."""
     if not all([type(e) is dict for e in entries]):
-        return False
+        return None
     keys, dtypes, shapes, starts, stops, offsets, nbytes = ([e.get(f) for e in entries] for f in _RANGE_FIELDS)
     try:
         if not (set(map(type, keys)) <= {str} and set(map(type, dtypes)) <= {str}):
-            return False
+            return None
         if not set(dtypes) <= DTYPE_SIZES.keys():
-            return False
+            return None
         if not set(map(type, shapes)) <= {list} or max(map(len, shapes), default=0) > MAX_DIMS:
-            return False
+            return None
         dims = [d for shape in shapes for d in shape]
         ints = starts + stops + offsets + nbytes
         if not (set(map(type, dims)) <= {int} and set(map(type, ints)) <= {int}):
-            return False
+            return None
         if min(dims, default=0) < 0 or min(ints, default=0) < 0:
-            return False
+            return None
         numels = list(map(math.prod, shapes))
         if max(numels, default=0) >= _MAX_ELEMENTS:
-            return False
+            return None
         if 0 in numels and any(math.prod([max(d, 1) for d in s]) >= _MAX_ELEMENTS for s in shapes):
-            return False
+            return None
         sizes = list(map(DTYPE_SIZES.__getitem__, dtypes))
         room = size - data_start
-        return (
+        ok = (
             all(map(operator.le, starts, stops))
             and all(map(operator.le, stops, numels))
             and not any([n != (b - a) * es for a, b, n, es in zip(starts, stops, nbytes, sizes)])
             and not any([o % ALIGN or o + n > room for o, n in zip(offsets, nbytes)])
         )
     except TypeError:  # an unhashable dtype and the like: the per-entry check says what
-        return False
+        return None
+    return RangeColumns(keys, dtypes, shapes, starts, stops, offsets, nbytes) if ok else None
 
 
 def _short(v: tp.Any, n: int = 80) -> str:

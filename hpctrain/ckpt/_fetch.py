@@ -37,8 +37,9 @@ from hpctrain.ckpt._boxes import crc32_combine
 from hpctrain.ckpt._commit import Comm, fault
 from hpctrain.ckpt._dtensor import Replicas, from_local, replicas
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
+from hpctrain.ckpt._index import Index, StoredTensor
 from hpctrain.ckpt._nodebuf import NO_NODE_MEMORY, NodeBuffer
-from hpctrain.ckpt._reader import _BYTES_READ, Index, StoredTensor
+from hpctrain.ckpt._reader import count_read
 from hpctrain.ckpt._state import DTYPES
 from hpctrain.ckpt.config import RESTORE_EXCHANGES
 
@@ -104,7 +105,7 @@ def _read_runs(index: Index, runs: tp.List[Run], segs: tp.Optional[_Segments]) -
                     if segs is not None:
                         crc = crc32(part[:k], crc)
                     got += k
-                _BYTES_READ[0] += n
+                count_read(n)
                 if segs is not None:
                     segs.add(shard, pos, n, crc)
 
@@ -140,7 +141,7 @@ def _verify_shard(
                     return f"{index.path.name}/{s['file']}: truncated while reading"
                 crc = crc32(chunk, crc)
                 left -= len(chunk)
-            _BYTES_READ[0] += nxt - cursor
+            count_read(nxt - cursor)
             cursor = nxt
     finally:
         if f is not None:

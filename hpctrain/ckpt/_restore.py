@@ -20,7 +20,7 @@ import torch
 
 from hpctrain.ckpt._boxes import Box, whole
 from hpctrain.ckpt._dtensor import check_placements, is_dtensor, local_box
-from hpctrain.ckpt._reader import Index, StoredTensor
+from hpctrain.ckpt._index import Index, StoredTensor
 from hpctrain.ckpt._state import DTYPES, unflatten
 from hpctrain.errors import HpctrainError
 

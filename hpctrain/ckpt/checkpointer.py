@@ -32,7 +32,7 @@ from hpctrain.ckpt._format import (
     quarantine_name,
     step_name,
 )
-from hpctrain.ckpt._reader import SHARE_INLINE, Index, build_index, index_share
+from hpctrain.ckpt._index import SHARE_INLINE, Index, build_index, index_share
 from hpctrain.ckpt._restore import Plan, fill, plan, resolve_mode
 from hpctrain.ckpt._scan import (
     Deleter,

@@ -11,7 +11,7 @@ from pathlib import Path
 from hpctrain._cli import STEP_HELP, add_json_flag, add_subcommands, command_parser, print_json
 from hpctrain._human import fmt_bytes
 from hpctrain.ckpt._format import CheckpointFormatError, step_name
-from hpctrain.ckpt._reader import digest_dir, verify_dir
+from hpctrain.ckpt._index import digest_dir, verify_dir
 from hpctrain.ckpt._scan import (
     ABANDONED_AFTER_S,
     Entry,

@@ -40,7 +40,7 @@ def digest(step_dir: tp.Union[str, os.PathLike]) -> tp.Dict[str, str]:
     every tensor byte once (counted in ``meters()["bytes_read"]``). Torch-free. Raises
     :class:`hpctrain.errors.CheckpointFormatError` on a damaged checkpoint.
     """
-    from hpctrain.ckpt._reader import digest_dir
+    from hpctrain.ckpt._index import digest_dir
 
     return digest_dir(step_dir)
 

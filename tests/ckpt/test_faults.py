@@ -15,7 +15,7 @@ import torch
 
 from hpctrain.ckpt import Checkpointer
 from hpctrain.ckpt._commit import FAULT_POINTS
-from hpctrain.ckpt._reader import verify_dir
+from hpctrain.ckpt._index import verify_dir
 from hpctrain.ckpt._scan import scan
 from hpctrain.errors import CheckpointFormatError, HpctrainError
 from tests.ckpt import workers as w

@@ -23,7 +23,8 @@ import pytest
 from hpctrain.ckpt import CheckpointConfig, Checkpointer
 from hpctrain.ckpt._entries import _entry_problem, _ranges_ok
 from hpctrain.ckpt._format import HEADER_PREFIX
-from hpctrain.ckpt._reader import MAX_JSON_DEPTH, _check_depth, _loads, _shallow, read_header, verify_dir
+from hpctrain.ckpt._index import verify_dir
+from hpctrain.ckpt._reader import MAX_JSON_DEPTH, _check_depth, _loads, _shallow, read_header
 from hpctrain.ckpt._restore import resolve_mode
 from hpctrain.errors import CheckpointFormatError
 from tests.ckpt import fetch_workers as fw
@@ -309,7 +310,7 @@ def test_a_tensor_split_over_shards_end_to_end_in_the_buffer_is_a_view_and_an_un
     import torch
 
     from hpctrain.ckpt._fetch import _Views, pack
-    from hpctrain.ckpt._reader import PieceRef, StoredTensor
+    from hpctrain.ckpt._index import PieceRef, StoredTensor
 
     values = torch.arange(40, dtype=torch.float32)
     # 16 elements (64 bytes) at the end of shard 0's data, 24 at the start of shard 1's: end to end once packed

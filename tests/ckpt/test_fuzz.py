@@ -31,7 +31,8 @@ import pytest
 from hpctrain._cli import run_main
 from hpctrain.ckpt import Checkpointer
 from hpctrain.ckpt import cli as ckpt_cli
-from hpctrain.ckpt._reader import read_header, verify_dir
+from hpctrain.ckpt._index import verify_dir
+from hpctrain.ckpt._reader import read_header
 from hpctrain.errors import CheckpointFormatError, HpctrainError
 from tests.ckpt import damage
 from tests.ckpt import workers as w

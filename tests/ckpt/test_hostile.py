@@ -16,7 +16,7 @@ import torch
 
 from hpctrain._atomic import atomic_write_text
 from hpctrain.ckpt import Checkpointer
-from hpctrain.ckpt._reader import verify_dir
+from hpctrain.ckpt._index import verify_dir
 from hpctrain.ckpt._scan import scan
 from hpctrain.errors import CheckpointFormatError, HpctrainError
 from tests.ckpt import damage

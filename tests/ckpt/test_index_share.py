@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.ckpt._reader import Index, build_index
+from hpctrain.ckpt._index import Index, build_index
 from hpctrain.errors import CheckpointFormatError
 from tests.ckpt import damage
 from tests.ckpt import workers as w
@@ -72,6 +72,49 @@ def test_every_rank_gets_the_index_one_process_builds(saved, world):
     assert all(isinstance(i, Index) for i in got), got
     assert all(summary(i) == want for i in got)
     assert len(want[0]) > 10 and any(len(p) > 1 for _, _, p in want[0].values())  # some tensor spans shards
+
+
+def test_entries_taken_as_columns_give_the_index_entries_taken_one_by_one_give(saved, monkeypatch):
+    """The index takes a shard's checked range entries as columns (``_add_columns``) and the rest entry by entry:
+    the index must be the one the entry-by-entry path alone builds, for one rank indexing every shard (a tensor
+    split over shards: the later shard's entries go entry by entry) and for each shard alone."""
+    from hpctrain.ckpt import _index
+
+    took: tp.List[int] = []
+    real = _index._add_columns
+    monkeypatch.setattr(_index, "_add_columns", lambda *a: took.append(real(*a)) or took[-1])
+    fast = [summary(build_index(saved))] + [summary(i) for i in shared_index(saved, 3)]
+    assert sum(took) > 0 and 0 in took  # columns took entries; a shard's split tensor made one go one by one
+    monkeypatch.setattr(_index, "_add_columns", lambda *a: 0)
+    slow = [summary(build_index(saved))] + [summary(i) for i in shared_index(saved, 3)]
+    assert fast == slow
+
+
+@pytest.mark.parametrize("order", ["reversed", "local first", "local in the middle"])
+def test_the_index_does_not_depend_on_the_order_of_a_headers_entries(saved, tmp_path, order):
+    """Entries in any order (rank-local ones first, in the middle: not where a save writes them) give the same
+    tensors and pieces: the columns take what they can, the entries after them go one by one."""
+
+    def reorder(h: tp.Dict[str, tp.Any]) -> None:
+        es = h["entries"]
+        local = [e for e in es if e["key"].startswith("local/")]
+        rest = [e for e in es if not e["key"].startswith("local/")]
+        if order == "reversed":
+            es.reverse()
+        elif order == "local first":
+            es[:] = local + rest
+        else:
+            es[:] = rest[: len(rest) // 2] + local + rest[len(rest) // 2 :]
+
+    step = tmp_path / STEP
+    shutil.copytree(saved, step)
+    for shard in range(3):
+        damage.rewrite_shard(step, shard, reorder)
+    want = summary(build_index(saved))
+    for got in [build_index(step)] + shared_index(step, 2):
+        assert isinstance(got, Index), got
+        s = summary(got)
+        assert (s[0], s[1], s[3], s[4]) == (want[0], want[1], want[3], want[4]), order  # header crcs differ
 
 
 # the crafted headers that change the state trees, which only shard 0 holds

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.ckpt._reader import digest_dir, read_header
+from hpctrain.ckpt._index import digest_dir
+from hpctrain.ckpt._reader import read_header
 from tests.ckpt import workers as w
 from tests.multiproc import run_world
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hpctrain.ckpt import CheckpointConfig, Checkpointer, latest_committed
-from hpctrain.ckpt._reader import build_index, digest_dir, verify_dir
+from hpctrain.ckpt._index import build_index, digest_dir, verify_dir
 from hpctrain.errors import CheckpointFormatError
 from tests.ckpt import sharded_workers as sw
 from tests.multiproc import run_world

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.ckpt._fetch import _verify
-from hpctrain.ckpt._reader import build_index
+from hpctrain.ckpt._index import build_index
 from tests.ckpt import workers as w
 from tests.multiproc import run_world
 
