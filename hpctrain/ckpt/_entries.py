@@ -7,7 +7,7 @@ import math
 import operator
 import typing as tp
 
-from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES
+from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, RANGE_FIELDS
 
 __all__ = ["MAX_DIMS", "RangeColumns", "_entry_problem", "_ranges_ok", "range_columns"]
 
@@ -64,9 +64,6 @@ def _entry_problem(e: tp.Any, data_start: int, size: int) -> str:
     return ""
 
 
-_RANGE_FIELDS = ("key", "dtype", "shape", "start", "stop", "offset", "nbytes")
-
-
 class RangeColumns(tp.NamedTuple):
     """The fields of checked range entries, one list per field, in the entries' order."""
 
@@ -91,7 +88,7 @@ def range_columns(entries: tp.List[tp.Any], data_start: int, size: int) -> tp.Op
     bad one."""
     if not all([type(e) is dict for e in entries]):
         return None
-    keys, dtypes, shapes, starts, stops, offsets, nbytes = ([e.get(f) for e in entries] for f in _RANGE_FIELDS)
+    keys, dtypes, shapes, starts, stops, offsets, nbytes = ([e.get(f) for e in entries] for f in RANGE_FIELDS)
     try:
         if not (set(map(type, keys)) <= {str} and set(map(type, dtypes)) <= {str}):
             return None

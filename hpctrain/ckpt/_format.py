@@ -62,6 +62,7 @@ __all__ = [
     "encode_header",
     "header_json",
     "entries_json",
+    "RANGE_FIELDS",
     "tmp_name",
     "replaced_name",
     "quarantine_name",
@@ -151,7 +152,8 @@ def header_json(value: tp.Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=True)
 
 
-_RANGE_FIELDS = ("key", "dtype", "shape", "start", "stop", "offset", "nbytes")
+RANGE_FIELDS = ("key", "dtype", "shape", "start", "stop", "offset", "nbytes")
+"""A range entry's fields, in the order a save writes them."""
 
 
 def entries_json(entries: tp.Sequence[tp.Dict[str, tp.Any]]) -> str:
@@ -159,10 +161,10 @@ def entries_json(entries: tp.Sequence[tp.Dict[str, tp.Any]]) -> str:
     first save's rank with 3000 small tensors: 1.6 ms instead of 3.9): each written from a template, its key
     escaped by json's own C escaper, its shape's text reused across entries of that shape. Any other entry (a
     box, a field in another order, a non-int number) is encoded by :func:`header_json` itself."""
-    key_text, shapes = _escape, {}
+    escape, shapes = _escape, {}
     out = []
     for e in entries:
-        if tuple(e) != _RANGE_FIELDS or type(e["key"]) is not str or type(e["dtype"]) is not str:
+        if tuple(e) != RANGE_FIELDS or type(e["key"]) is not str or type(e["dtype"]) is not str:
             out.append(header_json(e))
             continue
         shape, start, stop, offset, nbytes = e["shape"], e["start"], e["stop"], e["offset"], e["nbytes"]
@@ -174,7 +176,7 @@ def entries_json(entries: tp.Sequence[tp.Dict[str, tp.Any]]) -> str:
         if text is None:
             text = shapes[at] = header_json(shape)
         out.append(
-            f'{{"key":{key_text(e["key"])},"dtype":{key_text(e["dtype"])},"shape":{text},"start":{start},'
+            f'{{"key":{escape(e["key"])},"dtype":{escape(e["dtype"])},"shape":{text},"start":{start},'
             f'"stop":{stop},"offset":{offset},"nbytes":{nbytes}}}'
         )
     return "[" + ",".join(out) + "]"
