@@ -34,9 +34,9 @@ timed phase starts after ``sync`` and a short pause, so that no phase pays for t
 write-back (measured order effects were up to 3x on a VM disk). The order is counterbalanced: a round whose
 number (``--round``, which benchmarks/run.py passes, plus the repeat's index) is odd measures the raw write
 before hpctrain's save and the raw reads before its restores, an even one hpctrain first (``hpctrain_first``
-in the result). Sync and the pause do not remove a first-writer effect: on the reference VM's disk the first of
-the two writers in fresh processes was measured at 0.62 of the second when the raw write went first and 1.06
-when hpctrain's save did (same code, 5 rounds each: docs/benchmarks.md), so a fixed order measured the order.
+in the result). Sync and the pause do not remove a first-writer effect: on the reference VM's disk the same
+code's first save against the raw write, in fresh processes, was 0.62 by median when the raw write went first and
+1.06 when the save did (5 runs each: docs/benchmarks.md), so a fixed order measured the order.
 Prints one JSON object; ratios > 1 mean hpctrain is faster, except ``async_block_vs_*`` (lower is better).
 Like any user, it reaches hpctrain through public names only (the meters and ``replicated_share``).
 """
