@@ -132,3 +132,30 @@ def test_unsupported_dtensor_placement_is_refused_with_a_clear_error():
 
     with pytest.raises(UsageError, match="Partial"):
         check_placements("model/w", Fake())
+
+
+_PLAIN_ROUND_TRIP = """
+import sys, torch
+from hpctrain.ckpt import CheckpointConfig, Checkpointer
+model = torch.nn.Linear(4, 3)
+ck = Checkpointer(CheckpointConfig(dir=sys.argv[1]))
+ck.save(5, model=model, data_state={"samples": 5})
+ck.close()
+model2 = torch.nn.Linear(4, 3)
+r = Checkpointer(CheckpointConfig(dir=sys.argv[1])).restore(model=model2)
+assert r.step == 5 and torch.equal(model.weight, model2.weight) and torch.equal(model.bias, model2.bias)
+print("imported" if "torch.distributed.tensor" in sys.modules else "not imported")
+"""
+
+
+def test_a_plain_save_and_restore_do_not_import_the_dtensor_package(tmp_path):
+    # a model-only restore (an evaluation job: no torch optimizer, which imports it) paid ~0.3 s importing
+    # torch.distributed.tensor (and sympy) only to learn that no tensor is a DTensor
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _PLAIN_ROUND_TRIP, str(tmp_path / "ck")], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["not", "imported"]
