@@ -52,6 +52,8 @@ log = logging.getLogger("hpctrain.ckpt")
 
 _GAP = 4096
 """Stored pieces closer than this in one file are read as one run, the bytes between them included."""
+_RUN_TRIES = 4
+"""How many of the next tensors of a shape :meth:`_Views._strided` tries as the second of an evenly spaced run."""
 _CRC_CHUNK = 4 << 20
 """Large runs are read and checksummed this much at a time (the crc runs on bytes still in cache)."""
 
@@ -246,24 +248,65 @@ class _Views:
         tensor the save split over shards at an aligned cut: ``_state.split_replicated``), as views (metadata
         only: the bytes need not be there yet), and the keys of the others (split at an unaligned cut by an
         older save, or sharded chunks): :meth:`assemble` them."""
-        out: tp.Dict[str, torch.Tensor] = {}
         rest: tp.List[str] = []
-        at, strides = self.at, self._strides
-        typed: tp.Dict[str, tp.Tuple[torch.Tensor, int]] = {}  # dtype: (typed view, element size)
+        at = self.at
+        groups: tp.Dict[tp.Tuple[str, tp.Tuple[int, ...]], tp.Tuple[tp.List[str], tp.List[int]]] = {}
         for key in keys:  # tuple unpacking, not named fields: this loop runs for every tensor on every rank
             dtype, shape, pieces = stored[key]
             _, _, shard, pos, nbytes, box = pieces[0]
             if box is not None or not nbytes or (len(pieces) > 1 and not self._end_to_end(pieces)):
                 rest.append(key)
                 continue
-            te = typed.get(dtype)
-            if te is None:
-                te = typed[dtype] = (self.typed(dtype), DTYPE_SIZES[dtype])
-            s = strides.get(shape)
-            if s is None:
-                s = self.strides(shape)
-            out[key] = te[0].as_strided(shape, s, at[shard, pos] // te[1])
+            g = groups.get((dtype, shape))
+            if g is None:
+                g = groups[(dtype, shape)] = ([], [])
+            g[0].append(key)
+            g[1].append(at[shard, pos])
+        out: tp.Dict[str, torch.Tensor] = {}
+        for (dtype, shape), (names, offsets) in groups.items():
+            out.update(zip(names, self._strided(dtype, shape, offsets)))
         return out, rest
+
+    def _strided(self, dtype: str, shape: tp.Tuple[int, ...], offsets: tp.List[int]) -> tp.List[torch.Tensor]:
+        """Tensors of one dtype and shape at byte ``offsets`` of the buffer, in that order.
+
+        Tensors evenly spaced in the buffer become one strided view unbound into its rows: one call for the run
+        (0.8 us a tensor here) instead of an ``as_strided`` each (1.8 us; 4000 tensors: most of a restore's
+        per-tensor time on every rank). Runs are found by offset, not by neighbours in ``offsets``: a save lays
+        out the same layer's tensors of a model, and each optimizer state of same-shaped parameters, with the same
+        padding, but interleaved (``exp_avg`` of parameter i, its ``exp_avg_sq``, ``exp_avg`` of i + 1, ...)."""
+        tv = self.typed(dtype)
+        es = DTYPE_SIZES[dtype]
+        s = self.strides(shape)
+        n = len(offsets)
+        out: tp.List[tp.Any] = [None] * n
+        at = {o: k for k, o in enumerate(offsets)}
+        for i in range(n):
+            if out[i] is not None:
+                continue
+            chain: tp.List[int] = []
+            step, tried, j = 0, 0, i + 1
+            while j < n and tried < _RUN_TRIES:  # a run starting here: stepping to one of the next few
+                if out[j] is None:
+                    tried += 1
+                    step = offsets[j] - offsets[i]
+                    if step > 0 and step % es == 0:
+                        chain = [i, j]
+                        k = at.get(offsets[j] + step)
+                        while k is not None and out[k] is None:  # offsets rise along a run: no repeat
+                            chain.append(k)
+                            k = at.get(offsets[k] + step)
+                        if len(chain) > 2:
+                            break
+                    chain = []
+                j += 1
+            if not chain:
+                out[i] = tv.as_strided(shape, s, offsets[i] // es)
+                continue
+            rows = tv.as_strided((len(chain), *shape), (step // es, *s), offsets[i] // es).unbind(0)
+            for k, row in zip(chain, rows):
+                out[k] = row
+        return out
 
     def _end_to_end(self, pieces: tp.Sequence[tp.Any]) -> bool:
         """Whether range pieces (sorted by ``start``: the index's tiling check sorts them) follow each other in

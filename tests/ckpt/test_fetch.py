@@ -329,3 +329,33 @@ def test_a_tensor_split_over_shards_end_to_end_in_the_buffer_is_a_view_and_an_un
     assert list(out) == ["a"] and rest == ["u"]
     assert out["a"].untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()  # a view, not a copy
     assert torch.equal(out["a"], values) and torch.equal(views.assemble(unaligned), values)
+
+
+def test_evenly_spaced_tensors_become_rows_of_one_view_with_each_tensor_its_own_values():
+    """``_Views``: same-shaped tensors laid out evenly spaced, also interleaved with another run (an optimizer's
+    ``exp_avg`` / ``exp_avg_sq`` of same-shaped parameters) or among tensors at irregular offsets, come out as
+    the same values as one ``as_strided`` each, views of the buffer, in the caller's key order."""
+    import torch
+
+    from hpctrain.ckpt._fetch import _Views
+    from hpctrain.ckpt._index import PieceRef, StoredTensor
+
+    shape, nbytes = (2, 3), 24
+    # a run of 4 at a 64-byte spacing; two runs of 3 at 192 bytes interleaved (neighbours 64 and 128 bytes apart);
+    # 2 at odd spacings
+    offsets = [0, 64, 128, 192] + [256, 320, 448, 512, 640, 704] + [800, 960]
+    keys = [f"t{i}" for i in range(len(offsets))]
+    order = keys[4:10] + keys[10:] + keys[:4]  # the runs not first: found by offset, not by list position
+    buf = torch.arange(1024, dtype=torch.uint8)
+    stored = {k: StoredTensor("float32", shape, [PieceRef(0, 6, 0, o, nbytes)]) for k, o in zip(keys, offsets)}
+    scalars = {f"s{i}": StoredTensor("int64", (), [PieceRef(0, 1, 1, 64 * i, 8)]) for i in range(5)}
+    views = _Views(buf, {(p.shard, p.pos): p.pos for st in (*stored.values(), *scalars.values()) for p in st.pieces})
+    out, rest = views.views({**stored, **scalars}, order + list(scalars))
+    assert rest == [] and sorted(out) == sorted(order + list(scalars))
+    typed, longs = buf.view(torch.float32), buf.view(torch.int64)
+    for k, o in zip(keys, offsets):
+        want = typed.as_strided(shape, (3, 1), o // 4)
+        assert out[k].shape == shape and out[k].stride() == (3, 1) and torch.equal(out[k], want), k
+        assert out[k].data_ptr() == buf.data_ptr() + o  # a view of the buffer at the tensor's own offset
+    for i in range(5):
+        assert out[f"s{i}"].shape == () and out[f"s{i}"].item() == longs[8 * i].item()
