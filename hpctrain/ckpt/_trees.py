@@ -12,6 +12,7 @@ __all__ = ["check_tree", "tensor_keys"]
 # What a node of a tree may be: a value, a dict key (a list becomes a tuple there), or an element of a key
 _VALUE, _KEY, _IN_KEY = 0, 1, 2
 _SCALARS = (str, int, float, bool, type(None))
+_LEAVES = frozenset(_SCALARS)
 
 
 def check_tree(where: str, tree: tp.Any, tensors: tp.Mapping[str, tp.Any]) -> None:
@@ -48,8 +49,18 @@ def check_tree(where: str, tree: tp.Any, tensors: tp.Mapping[str, tp.Any]) -> No
                 stack += [(pair[0], _KEY), (pair[1], _VALUE)]
         elif role != _VALUE:
             raise CheckpointFormatError(f"{where}: a dict key holds a dict (not hashable)")
-        else:
-            stack.extend((v, _VALUE) for v in node.values())
+        else:  # the children inline where they are leaves: numbers and plain references (most nodes), no push each
+            for v in node.values():
+                tv = type(v)
+                if tv in _LEAVES:
+                    continue
+                if tv is dict and len(v) == 1 and type(v.get("__tensor__")) is str:
+                    if v["__tensor__"] not in tensors:
+                        raise CheckpointFormatError(
+                            f"{where}: refers to tensor {v['__tensor__'][:80]!r}, which is not stored"
+                        )
+                    continue
+                stack.append((v, _VALUE))
 
 
 def tensor_keys(tree: tp.Any) -> tp.List[str]:
