@@ -8,7 +8,7 @@ the fully parallel save is then one region. With ``read_once`` each rank reads 1
 the world size did not change, about the bytes it wrote) with a few large ``preadv`` calls and one
 ``all_gather`` of the raw bytes hands every rank the rest (on the checkpointer's gloo group in host memory, or
 on the training group through device buffers: :func:`route`); ``read_all``: every rank reads all of it. A
-tensor held in one piece becomes a view of the buffer (one ``as_strided``, no copy); one split over shards
+tensor held in one piece becomes a view of the buffer (no copy; :meth:`_Views.views`); one split over shards
 (at most world - 1 of them) is assembled with one copy per piece. DTensor targets read only the byte runs
 that overlap their new chunk; a chunk its replicas share (HSDP) is read once among them in ``read_once`` mode
 (:func:`_share_chunks`).
