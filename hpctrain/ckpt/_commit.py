@@ -172,7 +172,7 @@ class Comm:
         self, values: tp.Sequence[int], obj: tp.Any, inline: int = INLINE_BYTES
     ) -> tp.Tuple[tp.List[tp.List[int]], tp.List[tp.Any]]:
         """A few int64 and a picklable object from every rank (every rank passes as many ints), in one collective
-        when every rank's pickle fits the inline width, else two.
+        when every rank's pickle fits the inline width, else two. This rank's own entry is ``obj`` itself.
 
         The first collective gathers from each rank its pickle's length, the ints and the first ``width`` bytes
         of the pickle (``width``: ``inline``, at most :data:`INLINE_TOTAL` over the world: the same on every rank,
@@ -215,10 +215,13 @@ class Comm:
                 raise self._fail(exc) from exc
         objs = []
         for r, g in enumerate(got):
-            data = rows[r, head : head + min(g[0], width)].tobytes()
+            if r == self.rank:  # this rank's own object as it is: no unpickled copy (its index share: ~200 KB)
+                objs.append(obj)
+                continue
+            data: tp.Any = rows[r, head : head + min(g[0], width)]  # unpickled in place, not copied out first
             if g[0] > width:
                 assert rest is not None
-                data += rest.numpy()[r * more : r * more + g[0] - width].tobytes()
+                data = data.tobytes() + rest.numpy()[r * more : r * more + g[0] - width].tobytes()
             objs.append(pickle.loads(data))
         return [g[1:] for g in got], objs
 

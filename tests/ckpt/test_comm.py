@@ -1,6 +1,7 @@
 """The checkpointer's control-plane gather of objects (``Comm.all_gather_with``) on real gloo processes: one
 collective when every rank's pickle fits the inline width, a second only when some rank's does not, and every
-rank gets every rank's ints and object exactly, whatever mix of short and long messages the ranks send."""
+rank gets every rank's ints and object exactly, whatever mix of short and long messages the ranks send (its own
+as the object it passed: nothing of its own is unpickled)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def test_objects_are_gathered_exactly_in_one_collective_when_they_fit_and_two_wh
     ]
     results = run_world(comm_workers.gather_objects, WORLD, cases).results
     for rank, got in enumerate(results):
-        for (inline, sizes), (ints, objs, collectives) in zip(cases, got):
+        for (inline, sizes), (ints, objs, collectives, own_as_passed) in zip(cases, got):
             assert ints == [[r, -(2**62) + r, 7] for r in range(WORLD)], (rank, inline)
             want = [{"rank": r, "blob": bytes([r + 1]) * sizes[r], "text": "é" * r} for r in range(WORLD)]
             assert objs == want, (rank, inline)
+            assert own_as_passed, (rank, inline)
             width = min(inline, INLINE_TOTAL // WORLD)
             fits = max(len(pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL)) for o in want) <= width
             assert collectives == (1 if fits else 2), (rank, inline, sizes, collectives)

@@ -146,6 +146,10 @@ CRAFTED = {
     "trees not a dict": lambda h: h.update(trees=[1, 2]),
     "no trees": lambda h: h.pop("trees"),
     "deep tree": lambda h: h["trees"].update(extra=damage.nested(300)),
+    # flat entries: the header's rest is depth-checked as a tree; a nested entry: the whole text is
+    "deep local state": lambda h: h["local"].update(extra=damage.nested(300)),
+    "deep field beside the entries": lambda h: h.update(note=damage.nested(300)),
+    "deep entry field": lambda h: h["entries"][0].update(shape=damage.nested(300)),
     "dict pair not a pair": lambda h: h["trees"].update(extra={"__dict__": [[1, 2, 3]]}),
     "unhashable key": lambda h: h["trees"].update(extra={"__dict__": [[{"a": 1}, 2]]}),
     "tuple not a list": lambda h: h["trees"].update(extra={"__tuple__": 7}),
