@@ -43,6 +43,7 @@ import socket
 import threading
 import time
 import typing as tp
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,7 +170,7 @@ class Comm:
         return self.all_gather_with((), obj, inline)[1]
 
     def all_gather_with(
-        self, values: tp.Sequence[int], obj: tp.Any, inline: int = INLINE_BYTES
+        self, values: tp.Sequence[int], obj: tp.Any, inline: int = INLINE_BYTES, compress: bool = False
     ) -> tp.Tuple[tp.List[tp.List[int]], tp.List[tp.Any]]:
         """A few int64 and a picklable object from every rank (every rank passes as many ints), in one collective
         when every rank's pickle fits the inline width, else two. This rank's own entry is ``obj`` itself.
@@ -179,7 +180,12 @@ class Comm:
         so no round trip agrees on it); only when some pickle is longer, a second one gathers the rest, as wide as
         the longest rest. ``all_gather_object`` always takes two (the lengths, then the pickles): on a host whose
         cores the ranks share, each costs them ~3 ms (4 ranks on 2 cores, gloo), a tenth of a restore's time
-        beyond its ceiling. So an agreement that precedes an exchange costs no collective of its own either."""
+        beyond its ceiling. So an agreement that precedes an exchange costs no collective of its own either.
+
+        ``compress`` (every rank passes the same): the pickles travel zlib-compressed (level 1). For a restore's index
+        shares (keys, dtypes and numbers of thousands of tensors: 185-192 KB pickled, 25-30 KB compressed, 1 ms each
+        on this VM) that is a quarter of the bytes through gloo's TCP threads, whose CPU (7-15 ms a rank in a
+        4-rank restore against 3-5 ms in its ceiling's) the ranks pay on cores they share."""
         if self.world == 1:
             return [list(values)], [obj]
         import pickle
@@ -188,6 +194,8 @@ class Comm:
 
         gather, world = all_gather_into_tensor(), self.world
         payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if compress:
+            payload = zlib.compress(payload, 1)
         width = max(1, min(inline, INLINE_TOTAL // world))
         head = 8 * (1 + len(values))
         row = head + width
@@ -222,7 +230,7 @@ class Comm:
             if g[0] > width:
                 assert rest is not None
                 data = data.tobytes() + rest.numpy()[r * more : r * more + g[0] - width].tobytes()
-            objs.append(pickle.loads(data))
+            objs.append(pickle.loads(zlib.decompress(data) if compress else data))
         return [g[1:] for g in got], objs
 
     def all_gather_ints(self, values: tp.Sequence[int]) -> tp.List[tp.List[int]]:

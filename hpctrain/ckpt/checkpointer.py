@@ -440,7 +440,7 @@ class Checkpointer:
                     if first is not None
                     else (None, None)
                 )
-                got, shares = self._comm.all_gather_with(words, (first, message), inline=SHARE_INLINE)
+                got, shares = self._comm.all_gather_with(words, (first, message), inline=SHARE_INLINE, compress=True)
                 if first is not None and all(f == first for f, _ in shares):
                     gathered = {first: ([sh for _, sh in shares], manifest)}
             if all(w == got[0] for w in got):

@@ -228,3 +228,18 @@ def save_one(rank: int, world: int, d: str, step: int, seed: int, fault: str = "
     finally:
         os.environ.pop("HPCTRAIN_CKPT_FAULT", None)
         ck.close()
+
+
+def save_many_small(rank: int, world: int, d: str, n: int) -> None:
+    """Save step 1 of a model of ``n`` small parameters and an Adam-like state for each (``step``, ``exp_avg``,
+    ``exp_avg_sq``), laid out as a model and its optimizer are: the optimizer's 3n small tensors come last."""
+    model = {f"blocks.{i // 4}.w{i % 4}": torch.full((64,), float(i)) for i in range(n)}
+    optim = {
+        "state": {
+            i: {"step": torch.tensor(3.0), "exp_avg": t + 1, "exp_avg_sq": t + 2} for i, t in enumerate(model.values())
+        },
+        "param_groups": [{"lr": 1e-3, "params": list(range(n))}],
+    }
+    ck = Checkpointer(cfg(d))
+    ck.save(1, extra={"model": model, "optimizer": optim})
+    ck.close()
