@@ -69,6 +69,7 @@ __all__ = [
     "Comm",
     "INLINE_BYTES",
     "INLINE_TOTAL",
+    "wire_bytes",
     "fault",
     "FAULT_POINTS",
     "ShardPlan",
@@ -125,6 +126,15 @@ INLINE_BYTES = 4 << 10
 tags and read reports fit; a larger message names its own width (a restore's index exchange)."""
 INLINE_TOTAL = 8 << 20
 """The bound of the inline part over the whole world (a wide world gathers narrower rows first)."""
+
+
+def wire_bytes(obj: tp.Any, compress: bool = False) -> bytes:
+    """What :meth:`Comm.all_gather_with` sends for ``obj``: its pickle, zlib-compressed (level 1: an index share to
+    ~15 % of its bytes, 1 ms for the largest of the benchmark's) when ``compress``."""
+    import pickle
+
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return zlib.compress(payload, 1) if compress else payload
 
 
 class Comm:
@@ -184,8 +194,9 @@ class Comm:
 
         ``compress`` (every rank passes the same): the pickles travel zlib-compressed (level 1). For a restore's index
         shares (keys, dtypes and numbers of thousands of tensors: 185-192 KB pickled, 25-30 KB compressed, 1 ms each
-        on this VM) that is a quarter of the bytes through gloo's TCP threads, whose CPU (7-15 ms a rank in a
-        4-rank restore against 3-5 ms in its ceiling's) the ranks pay on cores they share."""
+        on this VM) that is a quarter of the bytes through gloo's TCP threads, whose CPU (6-16 ms a rank in a
+        4-rank restore against 2-7 ms in its ceiling's) the ranks pay on cores they share. The bytes a rank sends
+        for ``obj``: :func:`wire_bytes`."""
         if self.world == 1:
             return [list(values)], [obj]
         import pickle
@@ -193,9 +204,7 @@ class Comm:
         from hpctrain.runtime.process_group import all_gather_into_tensor
 
         gather, world = all_gather_into_tensor(), self.world
-        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        if compress:
-            payload = zlib.compress(payload, 1)
+        payload = wire_bytes(obj, compress)
         width = max(1, min(inline, INLINE_TOTAL // world))
         head = 8 * (1 + len(values))
         row = head + width

@@ -142,9 +142,7 @@ def test_a_restores_index_exchange_of_thousands_of_tensors_fits_one_collective_o
     compressed (``Comm.all_gather_with(compress=True)``). For 4000 small tensors (1000 parameters and their Adam
     state) saved by 4 ranks every share's compressed pickle fits the row; the largest share uncompressed (shard 0's,
     which carries the state trees too: ~260 KB) would not, and would take a second collective."""
-    import pickle
-    import zlib
-
+    from hpctrain.ckpt._commit import wire_bytes
     from hpctrain.ckpt._index import SHARE_INLINE, index_share
 
     run_world(w.save_many_small, 4, str(tmp_path), 1000)
@@ -153,7 +151,6 @@ def test_a_restores_index_exchange_of_thousands_of_tensors_fits_one_collective_o
     for r in range(4):
         message, manifest = index_share(step_dir, r, 4)
         assert message[0] == "" and manifest is not None, message[0]
-        blob = pickle.dumps((1, message), protocol=pickle.HIGHEST_PROTOCOL)  # as the restore sends it
-        sent.append((len(blob), len(zlib.compress(blob, 1))))
+        sent.append((len(wire_bytes((1, message))), len(wire_bytes((1, message), compress=True))))  # as restore sends
     assert max(c for _, c in sent) <= SHARE_INLINE, sent
     assert max(b for b, _ in sent) > SHARE_INLINE, sent
