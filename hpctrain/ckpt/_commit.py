@@ -174,10 +174,10 @@ class Comm:
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         )
 
-    def all_gather(self, obj: tp.Any, inline: int = INLINE_BYTES) -> tp.List[tp.Any]:
+    def all_gather(self, obj: tp.Any, inline: int = INLINE_BYTES, compress: bool = False) -> tp.List[tp.Any]:
         """Any picklable object from every rank (errors, restore candidates, a restore's read reports): one
         collective when every rank's pickle fits ``inline`` bytes, two otherwise (:meth:`all_gather_with`)."""
-        return self.all_gather_with((), obj, inline)[1]
+        return self.all_gather_with((), obj, inline, compress)[1]
 
     def all_gather_with(
         self, values: tp.Sequence[int], obj: tp.Any, inline: int = INLINE_BYTES, compress: bool = False

@@ -459,7 +459,8 @@ class Checkpointer:
         targets = [
             (n, o) for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler)) if o is not None
         ]
-        share = (self.rank, self.world_size, self._comm.all_gather) if self.world_size > 1 else None
+        # the index exchange when it did not ride with the agreement above: the same rows, compressed
+        share = (self.rank, self.world_size, self._exchange_index) if self.world_size > 1 else None
         via = route(self.config.restore_exchange, self._comm)
         mode = resolve_mode(self.config.restore_mode, self._comm.hosts, node=via.node)
         for s in common:
@@ -535,6 +536,11 @@ class Checkpointer:
         """Every rank's error ([] when none failed): one small collective, a second only on failure."""
         ok = self._comm.all_gather_ints([0 if err else 1])
         return [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
+
+    def _exchange_index(self, message: tp.Any) -> tp.List[tp.Any]:
+        """Every rank's :func:`index_share` message, as the first candidate's exchange sends it (compressed rows of
+        ``SHARE_INLINE`` bytes): for a step tried after a fallback or once its headers arrived."""
+        return self._comm.all_gather(message, SHARE_INLINE, compress=True)
 
     def _apply(
         self,
