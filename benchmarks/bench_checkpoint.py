@@ -118,6 +118,85 @@ def _tensors(obj: tp.Any) -> tp.Iterator[tp.Any]:
             yield from _tensors(v)
 
 
+def read_once_node_ceiling(
+    files: tp.Sequence[Path],
+    rank: int,
+    world: int,
+    group: tp.Any,
+    model_dst: tp.Sequence[tp.Any],
+    cpu: tp.Optional[tp.Dict[str, float]] = None,
+) -> None:
+    """What a read-once restore must do at least when every rank is on one host (the checkpointer's
+    ``restore_exchange="node"``, auto's choice there): this rank reads 1/world of the files' bytes into one
+    /dev/shm file of the node, and after a barrier maps the whole file copy-on-write (no byte copied);
+    then the model's bytes are copied from the mapping into the model's existing tensors (``model_dst``).
+    Collective on ``group`` (every rank calls it).
+
+    That copy is the user-visible result a restore into a module must produce, and hpctrain's timed
+    restore pays it: ``Module.load_state_dict`` (here the model ``Holder``) copies every parameter into
+    the module's own tensors, so the restored values cannot stay in the mapping. Without it the ceiling
+    did less than any restore into a module must (85 of the 256 MiB, 1004 ``copy_`` calls per rank, the
+    pages of the mapping touched). The optimizer keeps the tensors it is handed (torch's
+    ``Optimizer.load_state_dict`` does not copy them), so its bytes are not copied here, as hpctrain
+    hands it views of the mapping. The source offsets are consecutive 64-byte aligned ranges of the
+    mapping (the copy's cost depends on its sizes and count, not on which bytes).
+
+    ``cpu``: filled with the calling thread's CPU seconds in the read (``read``) and in the copy (``copy``), for
+    benchmarks/profile_restore.py."""
+    import torch
+    import torch.distributed as dist
+
+    sizes = [f.stat().st_size for f in files]
+    total = sum(sizes)
+    chunk = -(-total // world)
+    path = f"/dev/shm/hpctrain-bench-ceiling-{os.getppid()}"
+    if rank == 0:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, total)
+    dist.barrier(group=group)
+    if rank != 0:
+        fd = os.open(path, os.O_RDWR)
+    try:
+        shared = mmap.mmap(fd, total, flags=mmap.MAP_SHARED)
+        lo, hi, start = rank * chunk, min((rank + 1) * chunk, total), 0
+        c0 = time.thread_time() if cpu is not None else 0.0
+        for f, n in zip(files, sizes):
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                with open(f, "rb", buffering=0) as fh:
+                    view, got = memoryview(shared)[a:b], 0
+                    while got < b - a:
+                        k = os.preadv(fh.fileno(), [view[got:]], a - start + got)
+                        if k <= 0:
+                            raise OSError(f"{f}: truncated")
+                        got += k
+                    view.release()
+            start += n
+        if cpu is not None:
+            cpu["read"] = time.thread_time() - c0
+        dist.barrier(group=group)
+        c0 = time.thread_time() if cpu is not None else 0.0
+        whole = mmap.mmap(fd, total, flags=mmap.MAP_PRIVATE)
+        mapped = torch.frombuffer(whole, dtype=torch.uint8)  # every rank holds all the bytes, as storage
+        at = 0
+        for dst in model_dst:  # the module's load_state_dict: each parameter copied into its own tensor
+            n = dst.numel() * dst.element_size()
+            dst.copy_(mapped[at : at + n].view(dst.dtype).view(dst.shape))
+            at = (at + n + 63) // 64 * 64
+        if cpu is not None:
+            cpu["copy"] = time.thread_time() - c0
+        del mapped
+        try:
+            shared.close()
+        except BufferError:  # a view still alive: the mapping goes with it
+            pass
+    finally:
+        os.close(fd)
+    dist.barrier(group=group)
+    if rank == 0:
+        os.unlink(path)
+
+
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     import datetime
@@ -265,62 +344,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         model_dst = [torch.zeros_like(v) for v in model.values()]  # the restored model's tensors, as model2 below
 
         def raw_read_once_node() -> None:
-            """What a read-once restore must do at least when every rank is on one host (the checkpointer's
-            ``restore_exchange="node"``, auto's choice there): this rank reads 1/world of the files' bytes into one
-            /dev/shm file of the node, and after a barrier maps the whole file copy-on-write (no byte copied);
-            then the model's bytes are copied from the mapping into the model's existing tensors.
-
-            That copy is the user-visible result a restore into a module must produce, and hpctrain's timed
-            restore pays it: ``Module.load_state_dict`` (here the model ``Holder``) copies every parameter into
-            the module's own tensors, so the restored values cannot stay in the mapping. Without it the ceiling
-            did less than any restore into a module must (85 of the 256 MiB, 1004 ``copy_`` calls per rank, the
-            pages of the mapping touched). The optimizer keeps the tensors it is handed (torch's
-            ``Optimizer.load_state_dict`` does not copy them), so its bytes are not copied here, as hpctrain
-            hands it views of the mapping. The source offsets are consecutive 64-byte aligned ranges of the
-            mapping (the copy's cost depends on its sizes and count, not on which bytes)."""
-            sizes = [f.stat().st_size for f in files]
-            total = sum(sizes)
-            chunk = -(-total // world)
-            path = f"/dev/shm/hpctrain-bench-ceiling-{os.getppid()}"
-            if rank == 0:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.ftruncate(fd, total)
-            dist.barrier(group=gloo)
-            if rank != 0:
-                fd = os.open(path, os.O_RDWR)
-            try:
-                shared = mmap.mmap(fd, total, flags=mmap.MAP_SHARED)
-                lo, hi, start = rank * chunk, min((rank + 1) * chunk, total), 0
-                for f, n in zip(files, sizes):
-                    a, b = max(lo, start), min(hi, start + n)
-                    if a < b:
-                        with open(f, "rb", buffering=0) as fh:
-                            view, got = memoryview(shared)[a:b], 0
-                            while got < b - a:
-                                k = os.preadv(fh.fileno(), [view[got:]], a - start + got)
-                                if k <= 0:
-                                    raise OSError(f"{f}: truncated")
-                                got += k
-                            view.release()
-                    start += n
-                dist.barrier(group=gloo)
-                whole = mmap.mmap(fd, total, flags=mmap.MAP_PRIVATE)
-                mapped = torch.frombuffer(whole, dtype=torch.uint8)  # every rank holds all the bytes, as storage
-                at = 0
-                for dst in model_dst:  # the module's load_state_dict: each parameter copied into its own tensor
-                    n = dst.numel() * dst.element_size()
-                    dst.copy_(mapped[at : at + n].view(dst.dtype).view(dst.shape))
-                    at = (at + n + 63) // 64 * 64
-                del mapped
-                try:
-                    shared.close()
-                except BufferError:  # a view still alive: the mapping goes with it
-                    pass
-            finally:
-                os.close(fd)
-            dist.barrier(group=gloo)
-            if rank == 0:
-                os.unlink(path)
+            read_once_node_ceiling(files, rank, world, gloo, model_dst)
 
         def raw_reads() -> None:
             timed("raw_read_s", lambda: raw_read(files), before=lambda: evict(ck_dir))

@@ -26,7 +26,7 @@ import typing as tp
 from pathlib import Path
 
 from hpctrain.ckpt.config import RESTORE_TIERS, CheckpointConfig
-from hpctrain.ckpt.metering import digest, meters, replicated_share
+from hpctrain.ckpt.metering import RESTORE_PHASES, digest, meters, replicated_share
 
 __all__ = [
     "CheckpointConfig",
@@ -42,6 +42,7 @@ __all__ = [
     "verify",
     "read_index",
     "meters",
+    "RESTORE_PHASES",
     "digest",
     "replicated_share",
 ]

@@ -34,6 +34,7 @@ import torch
 
 from hpctrain.ckpt import _nodebuf
 from hpctrain.ckpt._boxes import crc32_combine
+from hpctrain.ckpt._clock import PhaseClock
 from hpctrain.ckpt._commit import Comm, fault
 from hpctrain.ckpt._dtensor import Replicas, from_local, replicas
 from hpctrain.ckpt._format import ALIGN, DTYPE_SIZES, CheckpointFormatError, align, crc32
@@ -446,12 +447,21 @@ def shards_read(index: Index, p: "Plan", rank: int, world: int, *, mode: str) ->
 
 
 def read(
-    index: Index, p: "Plan", comm: Comm, *, mode: str, verify: bool, route: tp.Optional[Route] = None
+    index: Index,
+    p: "Plan",
+    comm: Comm,
+    *,
+    mode: str,
+    verify: bool,
+    route: tp.Optional[Route] = None,
+    clock: tp.Optional[PhaseClock] = None,
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
     """Read what this rank needs (collective: every rank calls it for the same step). Return the tensors
     (plain tensors whole, DTensor chunks as local tensors) and the errors of every rank ([] = verified).
-    ``route``: where ``read_once`` exchanges the bytes (default: host memory on the checkpointer's group)."""
+    ``route``: where ``read_once`` exchanges the bytes (default: host memory on the checkpointer's group).
+    ``clock``: where the exchange, the views and the verification are timed (the caller's phase takes the rest)."""
     route = route or Route(comm.group, None)
+    clock = clock or PhaseClock()
     rank, world = comm.rank, comm.world
     packed = _packed(p)
     once = mode == "read_once" and world > 1
@@ -459,15 +469,17 @@ def read(
     node = None
     via_node = bool(once and packed[2] and route.node)
     if via_node:
-        node = NodeBuffer.open(comm, chunk * world, rank, chunk)
+        with clock("exchange"):
+            node = NodeBuffer.open(comm, chunk * world, rank, chunk)
     try:
-        tensors, errors = _read(index, p, comm, mode, verify, route, packed, node, via_node)
+        tensors, errors = _read(index, p, comm, mode, verify, route, packed, node, via_node, clock)
     finally:
         if node is not None:
-            node.close()
+            with clock("exchange"):
+                node.close()
     if via_node and any(e.startswith(NO_NODE_MEMORY) for e in errors):  # the same verdict on every rank
         log.warning("hpctrain.ckpt: %s: the restore reads again and exchanges over gloo", errors[0])
-        return _read(index, p, comm, mode, verify, route._replace(node=False), packed, None, False)
+        return _read(index, p, comm, mode, verify, route._replace(node=False), packed, None, False, clock)
     return tensors, errors
 
 
@@ -481,6 +493,7 @@ def _read(
     packed: tp.Tuple[tp.List[Region], tp.Dict, int],
     node: tp.Optional[NodeBuffer],
     via_node: bool,
+    clock: PhaseClock,
 ) -> tp.Tuple[tp.Dict[str, torch.Tensor], tp.List[str]]:
     rank, world = comm.rank, comm.world
     stored, shared = p.stored, p.whole
@@ -531,45 +544,53 @@ def _read(
         err = f"rank {rank}: {index.path.name}: {type(exc).__name__}: {exc}"
     work = None
     try:
-        if via_node:  # the node's buffer: mapped privately once every rank has read its part (below)
-            pass
-        elif once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
-            work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
-        elif once and total:
-            _gather_through_device(buf, chunk, rank, world, route)
-        for rep, gbuf, part in shared_chunks:  # the same groups in the same order on every rank
-            if rep.device is None:
-                _gather()(gbuf, gbuf[rep.index * part : (rep.index + 1) * part], group=rep.group)
-            else:
-                _gather_through_device(gbuf, part, rep.index, rep.size, Route(rep.group, rep.device))
+        with clock("exchange"):
+            if via_node:  # the node's buffer: mapped privately once every rank has read its part (below)
+                pass
+            elif once and total and route.device is None:  # host memory on the checkpointer's gloo group, in place
+                work = _gather()(buf, buf[rank * chunk : (rank + 1) * chunk], group=comm.group, async_op=True)
+            elif once and total:
+                _gather_through_device(buf, chunk, rank, world, route)
+            for rep, gbuf, part in shared_chunks:  # the same groups in the same order on every rank
+                if rep.device is None:
+                    _gather()(gbuf, gbuf[rep.index * part : (rep.index + 1) * part], group=rep.group)
+                else:
+                    _gather_through_device(gbuf, part, rep.index, rep.size, Route(rep.group, rep.device))
     except Exception as exc:  # noqa: BLE001 - a peer died: the restore fails on every rank
         raise comm._fail(exc) from exc
-    views = _Views(buf, at)
-    tensors, rest = views.views(stored, shared) if not via_node else ({}, [])  # while a gather runs: metadata only
+    with clock("views"):
+        views = _Views(buf, at)
+        tensors, rest = views.views(stored, shared) if not via_node else ({}, [])  # while a gather runs: metadata
     if work is not None:
         try:
-            work.wait()
+            with clock("exchange"):
+                work.wait()
         except Exception as exc:  # noqa: BLE001
             raise comm._fail(exc) from exc
-    report = (err, segs.out if segs is not None else {}, node.token if node is not None else b"")
-    reports = comm.all_gather(report)
-    errors = [e for e, _, _ in reports if e]
-    if via_node and not any(e.startswith(NO_NODE_MEMORY) for e in errors):
-        if node is None or not node.shared_by([t for _, _, t in reports]):  # every rank finds the same (above)
-            errors = [
-                f"{NO_NODE_MEMORY}: the ranks do not share one {_nodebuf.NODE_DIR} (each made its own buffer file)"
-            ]
-    if not errors and segs is not None:
-        errors = _verify(index, reports, rank, world, comm)
+    with clock("verify"):
+        report = (err, segs.out if segs is not None else {}, node.token if node is not None else b"")
+        reports = comm.all_gather(report)
+        errors = [e for e, _, _ in reports if e]
+        if via_node and not any(e.startswith(NO_NODE_MEMORY) for e in errors):
+            if node is None or not node.shared_by([t for _, _, t in reports]):  # every rank finds the same (above)
+                errors = [
+                    f"{NO_NODE_MEMORY}: the ranks do not share one {_nodebuf.NODE_DIR} (each made its own buffer file)"
+                ]
+        if not errors and segs is not None:
+            errors = _verify(index, reports, rank, world, comm)
     if errors:
         return {}, errors
     if node is not None:  # every rank has read its part (the verdicts' gather above was the barrier)
-        views = _Views(node.private(), at)
-        tensors, rest = views.views(stored, shared)
-    for key in rest:
-        tensors[key] = views.assemble(stored[key])
-    for key, mem in own.items():
-        w = p.chunks[key]
-        local = mem.view(w.box[1])
-        tensors[key] = from_local(local, w.like) if w.like is not None else local
+        with clock("exchange"):
+            mapped = node.private()
+        with clock("views"):
+            views = _Views(mapped, at)
+            tensors, rest = views.views(stored, shared)
+    with clock("views"):
+        for key in rest:
+            tensors[key] = views.assemble(stored[key])
+        for key, mem in own.items():
+            w = p.chunks[key]
+            local = mem.view(w.box[1])
+            tensors[key] = from_local(local, w.like) if w.like is not None else local
     return tensors, []

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from hpctrain._lustre import LustreCommands
+from hpctrain.ckpt._clock import PhaseClock
 from hpctrain.ckpt._commit import Comm, ShardPlan, commit_save
 from hpctrain.ckpt._dtensor import split_sharded
 from hpctrain.ckpt._fetch import read, route, shards_read
@@ -89,6 +90,11 @@ class RestoreResult:
     global_step: tp.Optional[int] = None
     """The newest global commit when restored from the local tier (``step - global_step``: steps the local
     tier saved from being redone); the step itself for a global restore."""
+    phases: tp.Dict[str, tp.Dict[str, float]] = field(default_factory=dict)
+    """Where this rank's restore() spent its time: ``{phase: {"wall_s", "cpu_s"}}``, disjoint phases that add up to
+    the call (``hpctrain.ckpt.RESTORE_PHASES`` says what each covers; ``other`` is the rest). ``cpu_s`` is the
+    calling thread's CPU time (``time.thread_time``), not gloo's threads'. Measured on every restore (~20 clock
+    reads): docs/checkpoint.md, "Where a restore's time goes"."""
 
 
 class Checkpointer:
@@ -406,8 +412,9 @@ class Checkpointer:
         allocates objects fast enough to trigger collections of the whole heap (a quarter of a restore's time,
         4000 tensors on one process); what a restore allocates is freed by reference counting or later.
         """
+        clock = PhaseClock()
         with _gc_paused():
-            return self._restore(model, optimizer, scheduler, scaler, step, map_location, strict, restore_rng)
+            return self._restore(model, optimizer, scheduler, scaler, step, map_location, strict, restore_rng, clock)
 
     def _restore(
         self,
@@ -419,6 +426,7 @@ class Checkpointer:
         map_location: tp.Union[str, torch.device],
         strict: bool,
         restore_rng: bool,
+        clock: PhaseClock,
     ) -> tp.Optional[RestoreResult]:
         self.wait()  # rank 0 settled interrupted re-saves before the constructor's agreement (Comm): no barrier here
         mine = sorted((e.step for e in scan(self.root) if e.status == "committed"), reverse=True)
@@ -433,21 +441,27 @@ class Checkpointer:
             common = mine
         else:
             if self._index_waits_for_files():  # the headers may arrive in _before_read: no index before the agreement
-                got = self._comm.all_gather_ints(words)
+                with clock("index_exchange"):
+                    got = self._comm.all_gather_ints(words)
             else:
-                message, manifest = (
-                    index_share(self.root / step_name(first), self.rank, self.world_size)
-                    if first is not None
-                    else (None, None)
-                )
-                got, shares = self._comm.all_gather_with(words, (first, message), inline=SHARE_INLINE, compress=True)
+                with clock("index"):
+                    message, manifest = (
+                        index_share(self.root / step_name(first), self.rank, self.world_size)
+                        if first is not None
+                        else (None, None)
+                    )
+                with clock("index_exchange"):
+                    got, shares = self._comm.all_gather_with(
+                        words, (first, message), inline=SHARE_INLINE, compress=True
+                    )
                 if first is not None and all(f == first for f, _ in shares):
                     gathered = {first: ([sh for _, sh in shares], manifest)}
             if all(w == got[0] for w in got):
                 common = mine
             else:
                 gathered = {}
-                seen = self._comm.all_gather(mine)
+                with clock("index_exchange"):
+                    seen = self._comm.all_gather(mine)
                 common = sorted(set(seen[0]).intersection(*map(set, seen[1:])), reverse=True)
         if step is not None:
             if step not in common:
@@ -459,32 +473,40 @@ class Checkpointer:
         targets = [
             (n, o) for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler)) if o is not None
         ]
+
+        def exchange(message: tp.Any) -> tp.List[tp.Any]:
+            with clock("index_exchange"):
+                return self._exchange_index(message)
+
         # the index exchange when it did not ride with the agreement above: the same rows, compressed
-        share = (self.rank, self.world_size, self._exchange_index) if self.world_size > 1 else None
+        share = (self.rank, self.world_size, exchange) if self.world_size > 1 else None
         via = route(self.config.restore_exchange, self._comm)
         mode = resolve_mode(self.config.restore_mode, self._comm.hosts, node=via.node)
         for s in common:
             path = self.root / step_name(s)
-            self._before_read(path, None)
+            with clock("fetch"):
+                self._before_read(path, None)
             index: tp.Optional[Index] = None
             try:
-                index, err = build_index(path, share=share, gathered=gathered.pop(s, None)), ""
+                with clock("index"):
+                    index, err = build_index(path, share=share, gathered=gathered.pop(s, None)), ""
             except CheckpointFormatError as exc:
                 err = f"rank {self.rank}: {exc}"
             except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
                 err = f"rank {self.rank}: {path.name}: {type(exc).__name__}: {exc}"
             p: tp.Optional[Plan] = None
             misfit: tp.Optional[Exception] = None
-            if index is not None:
-                try:  # metadata only: a checkpoint that does not fit the objects fails here, nothing read or loaded
-                    p = plan(index, s, targets, strict, self.rank)
-                except Exception as exc:  # noqa: BLE001 - never raise before the agreement: the others wait in it
-                    misfit = exc
-            # one small collective agrees on both: the index (damage: quarantine; it may be found on some ranks only,
-            # and what the others planned from it is then disregarded) and, on an undamaged step, the plan (a misfit,
-            # the same on every rank: raise)
-            ok = self._comm.all_gather_ints([0 if err else 1, 0 if misfit else 1])
-            errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
+            with clock("plan"):
+                if index is not None:
+                    try:  # metadata only: a checkpoint that does not fit the objects fails here, nothing read or loaded
+                        p = plan(index, s, targets, strict, self.rank)
+                    except Exception as exc:  # noqa: BLE001 - never raise before the agreement: the others wait in it
+                        misfit = exc
+                # one small collective agrees on both: the index (damage: quarantine; it may be found on some ranks
+                # only, and what the others planned from it is then disregarded) and, on an undamaged step, the plan
+                # (a misfit, the same on every rank: raise)
+                ok = self._comm.all_gather_ints([0 if err else 1, 0 if misfit else 1])
+                errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
             if not errors:
                 if not all(o[1] for o in ok):
                     said = [e for e in self._comm.all_gather(str(misfit) if misfit else "") if e]
@@ -492,19 +514,21 @@ class Checkpointer:
                         raise misfit
                     raise HpctrainError(said[0])
                 assert index is not None and p is not None
-                self._before_read(path, shards_read(index, p, self.rank, self.world_size, mode=mode))
-                tensors, errors = read(
-                    index,
-                    p,
-                    self._comm,
-                    mode=mode,
-                    verify=self.config.verify_checksums,
-                    route=via,
-                )
-                if not errors:
-                    return self._apply(
-                        s, path, index, p, tensors, quarantined, targets, map_location, strict, restore_rng
+                with clock("plan"):
+                    needed = shards_read(index, p, self.rank, self.world_size, mode=mode)
+                with clock("fetch"):
+                    self._before_read(path, needed)
+                with clock("read"):
+                    tensors, errors = read(
+                        index, p, self._comm, mode=mode, verify=self.config.verify_checksums, route=via, clock=clock
                     )
+                if not errors:
+                    with clock("load"):
+                        result = self._apply(
+                            s, path, index, p, tensors, quarantined, targets, map_location, strict, restore_rng
+                        )
+                    result.phases = clock.result()
+                    return result
             log.error(
                 "hpctrain.ckpt: CHECKPOINT STEP %d IS CORRUPT, quarantining it and falling back: %s", s, errors[0]
             )

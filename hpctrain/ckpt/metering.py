@@ -13,7 +13,22 @@ import typing as tp
 if tp.TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["meters", "digest", "replicated_share"]
+__all__ = ["meters", "digest", "replicated_share", "RESTORE_PHASES"]
+
+RESTORE_PHASES = {
+    "index": "parse this rank's share of the shard headers and build the index from every rank's share",
+    "index_exchange": "the collective that exchanges the index shares (with the agreement on the committed steps)",
+    "plan": "map the index onto the objects passed to restore(), check shapes and dtypes, agree on the plan",
+    "fetch": "bring this node the shard files it lacks (the local tier's partner copies)",
+    "read": "read this rank's byte regions from the shard files, with their crc32",
+    "exchange": "hand every rank the bytes the others read (gather, or the node's shared buffer)",
+    "views": "tensors from the exchanged bytes (views; a copy for a tensor split at an unaligned cut)",
+    "verify": "gather every rank's report and decide every shard's checksum together",
+    "load": "load_state_dict of the objects, and the RNG state",
+    "other": "the rest of restore(): the scan of committed steps, fallbacks after a damaged step, bookkeeping",
+}
+"""Every phase of a restore that ``RestoreResult.phases`` reports, and what it covers, in the order they come
+(docs/checkpoint.md, "Where a restore's time goes")."""
 
 
 def meters() -> tp.Dict[str, tp.Any]:

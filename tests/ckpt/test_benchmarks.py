@@ -87,6 +87,33 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
     assert ls.returncode == 0, ls.stdout + ls.stderr
 
 
+def test_profile_restore_reports_the_phases_and_the_ceiling_per_rank(tmp_path):
+    out = tmp_path / "p.json"
+    tiny = ["--size-mb", "4", "--world", "2", "--rounds", "3", "--dir", str(tmp_path / "work"), "--json", str(out)]
+    r = subprocess.run(
+        [sys.executable, "benchmarks/profile_restore.py", *tiny],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert (
+        res["rounds"] == 2 and len(res["ratios"]) == 2 and res["ratio_min"] <= res["ratio_median"] <= res["ratio_max"]
+    )
+    cpu = res["cpu_ms"]
+    for row in ("ceiling read", "ceiling copy", "restore index", "restore index_exchange", "restore read"):
+        assert len(cpu[row]) == 2 and all(v > 0 for v in cpu[row]), row
+    # the restore's phases add up to its main thread's CPU, rank by rank (medians of each: within rounding)
+    phases = [k for k in cpu if k.startswith("restore ") and k != "restore main thread" and "process" not in k]
+    for rank in range(2):
+        assert sum(cpu[k][rank] for k in phases) == pytest.approx(cpu["restore main thread"][rank], rel=0.3)
+    assert "restore main thread" in r.stdout and "ceiling/restore per round" in r.stdout
+    assert not list((tmp_path / "work").iterdir())  # its checkpoint is removed
+
+
 @pytest.mark.slow
 def test_bench_tiers_runs_and_reports_every_figure(tmp_path):
     out, g, local = tmp_path / "r.json", tmp_path / "bench" / "global", tmp_path / "local"

@@ -120,6 +120,7 @@ def test_public_api_is_exported_and_config_errors_name_the_option(tmp_path):
         "CheckpointConfig",
         "Checkpointer",
         "Entry",
+        "RESTORE_PHASES",
         "RESTORE_TIERS",
         "RestoreResult",
         "committed",

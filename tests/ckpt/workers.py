@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import typing as tp
 
 import torch
@@ -243,3 +244,20 @@ def save_many_small(rank: int, world: int, d: str, n: int) -> None:
     ck = Checkpointer(cfg(d))
     ck.save(1, extra={"model": model, "optimizer": optim})
     ck.close()
+
+
+def restore_phases(rank: int, world: int, d: str, fault: str = "", exchange: str = "auto") -> tp.Dict[str, tp.Any]:
+    """Restore into fresh objects (``HPCTRAIN_CKPT_FAULT=fault`` during the call, the bytes exchanged by route
+    ``exchange``); the call's wall time and the phases it reported."""
+    ck = Checkpointer(cfg(d, restore_exchange=exchange))
+    model, opt, sched = build(seed=999, steps=0)
+    os.environ["HPCTRAIN_CKPT_FAULT"] = fault
+    try:
+        t0 = time.perf_counter()
+        res = ck.restore(model=model, optimizer=opt, scheduler=sched)
+        wall = time.perf_counter() - t0
+    finally:
+        os.environ.pop("HPCTRAIN_CKPT_FAULT", None)
+    ck.close()
+    assert res is not None
+    return {"wall_s": wall, "phases": res.phases, "hash": state_hash(model, opt, sched)}

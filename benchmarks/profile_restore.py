@@ -1,0 +1,172 @@
+"""Where a read-once restore spends its time, rank by rank, against its ceiling: a profile from the restore's meters.
+
+    python benchmarks/profile_restore.py [--size-mb 256] [--world 4] [--rounds 12] [--dir /dev/shm/hpctrain-prof]
+        [--json PATH]
+
+``--world`` ranks (one process each, gloo on the CPU) save ``bench_checkpoint.py``'s state once in ``--dir``
+(tmpfs by default), then in the same processes run ``--rounds`` rounds of its read-once ceiling
+(``read_once_node_ceiling``: each rank reads its quarter into the node's shared buffer, maps the whole, copies the
+model out) and of ``Checkpointer.restore`` (``restore_mode="read_once"``, the node exchange), alternating which
+goes first. Per rank and round: the restore's own phases (``RestoreResult.phases``: wall and the calling
+thread's CPU per phase, ``hpctrain.ckpt.RESTORE_PHASES``), the ceiling's read and copy CPU, and each side's
+process CPU (every thread, gloo's included). Prints the medians of rounds 2.. (the first warms the processes up)
+as a table of CPU milliseconds, and the ceiling/restore ratio of each round's wall time with its median; ``--json
+PATH`` writes every figure. A profile, not a benchmark: the goal's ratio comes from ``bench_checkpoint.py``,
+whose restores run warm in the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import typing as tp
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port  # noqa: E402
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    import torch
+    import torch.distributed as dist
+    from bench_checkpoint import Holder, make_state, read_once_node_ceiling
+
+    from hpctrain.ckpt import CheckpointConfig, Checkpointer
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=600)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    gloo = dist.new_group(backend="gloo", timeout=timeout)  # the ceiling's exchange, as the checkpointer makes its own
+    model, optim = make_state(args.size_mb)
+    ck_dir = Path(args.work) / "ck"
+    saver = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=1))
+    saver.save(1, model=Holder(model, True), optimizer=Holder(optim, False), data_state={"samples": 1})
+    saver.close()
+    ck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode="read_once"))
+    files = sorted(next(ck_dir.glob("step-*")).glob("*.shard"))
+    model_dst = [torch.zeros_like(v) for v in model.values()]
+
+    def restore() -> tp.Dict[str, tp.Any]:
+        model2 = {k: torch.zeros_like(v) for k, v in model.items()}
+        mh, oh = Holder(model2, True), Holder({"state": {}, "param_groups": []}, False)
+        dist.barrier()
+        c0, t0 = time.process_time(), time.perf_counter()
+        r = ck.restore(model=mh, optimizer=oh)
+        dist.barrier()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        assert r is not None and r.step == 1 and all(torch.equal(model[k], model2[k]) for k in model)
+        return {"wall_s": wall, "process_cpu_s": cpu, "phases": r.phases}
+
+    def ceiling() -> tp.Dict[str, tp.Any]:
+        parts: tp.Dict[str, float] = {}
+        dist.barrier()
+        c0, t0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
+        read_once_node_ceiling(files, rank, world, gloo, model_dst, cpu=parts)
+        main = time.thread_time() - m0
+        dist.barrier()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"wall_s": wall, "process_cpu_s": cpu, "main_cpu_s": main, **{f"{k}_cpu_s": v for k, v in parts.items()}}
+
+    rounds = []
+    for i in range(args.rounds):
+        first, second = (restore, ceiling) if i % 2 else (ceiling, restore)
+        a, b = first(), second()
+        rounds.append({"restore": a, "ceiling": b} if first is restore else {"restore": b, "ceiling": a})
+    ck.close()
+    everyone: tp.List[tp.Any] = [None] * world
+    dist.all_gather_object(everyone, rounds)
+    if rank == 0:
+        Path(out).write_text(json.dumps(everyone))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _median(xs: tp.Iterable[float]) -> float:
+    return statistics.median(list(xs))
+
+
+def summarize(per_rank: tp.List[tp.List[tp.Dict[str, tp.Any]]]) -> tp.Dict[str, tp.Any]:
+    """Medians over rounds 2.. (all rounds when there is one) of every figure, per rank; the per-round ratios."""
+    from hpctrain.ckpt import RESTORE_PHASES
+
+    rounds = [r[1:] or r for r in per_rank]
+    ratios = [c["ceiling"]["wall_s"] / c["restore"]["wall_s"] for c in rounds[0]]  # wall between barriers: rank 0's
+    table: tp.Dict[str, tp.List[float]] = {}
+    for key in ("read_cpu_s", "copy_cpu_s", "main_cpu_s"):
+        table[f"ceiling {key[:-6]}"] = [_median(r["ceiling"][key] for r in rs) for rs in rounds]
+    names = [n for n in RESTORE_PHASES if any(n in r["restore"]["phases"] for rs in rounds for r in rs)]
+    for name in names:
+        table[f"restore {name}"] = [
+            _median(r["restore"]["phases"].get(name, {}).get("cpu_s", 0.0) for r in rs) for rs in rounds
+        ]
+    table["restore main thread"] = [
+        _median(sum(p["cpu_s"] for p in r["restore"]["phases"].values()) for r in rs) for rs in rounds
+    ]
+    for side in ("ceiling", "restore"):
+        table[f"{side} process (every thread)"] = [_median(r[side]["process_cpu_s"] for r in rs) for rs in rounds]
+    return {
+        "rounds": len(rounds[0]),
+        "ratio_median": _median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratios": ratios,
+        "wall_ms": {side: 1e3 * _median(r[side]["wall_s"] for r in rounds[0]) for side in ("ceiling", "restore")},
+        "cpu_ms": {k: [round(1e3 * v, 2) for v in vs] for k, vs in table.items()},
+    }
+
+
+def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size-mb", type=float, default=256.0, help="total state size (params + optimizer), MiB")
+    p.add_argument("--world", type=int, default=4, help="number of ranks (processes)")
+    p.add_argument("--rounds", type=int, default=12, help="rounds of ceiling + restore (the first is not counted)")
+    p.add_argument("--dir", type=Path, default=Path("/dev/shm/hpctrain-prof"), help="where the checkpoint is saved")
+    p.add_argument("--json", type=Path, help="also write the JSON result here")
+    args = p.parse_args(argv)
+    if args.size_mb <= 0 or args.world < 2 or args.rounds < 1:
+        p.error("--size-mb must be > 0, --world >= 2 (the read-once exchange) and --rounds >= 1")
+    args.dir.mkdir(parents=True, exist_ok=True)
+    args.work = tempfile.mkdtemp(prefix="profile-restore-", dir=args.dir)
+    out = Path(args.work) / "rounds.json"
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, str(out))) for r in range(args.world)]
+    try:
+        for pr in procs:
+            pr.start()
+        for pr in procs:
+            pr.join()
+        if any(pr.exitcode for pr in procs) or not out.exists():
+            print(f"profile_restore: a rank failed (exit codes {[pr.exitcode for pr in procs]})", file=sys.stderr)
+            return 1
+        result = summarize(json.loads(out.read_text()))
+    finally:
+        for pr in procs:
+            if pr.is_alive():
+                pr.kill()
+        shutil.rmtree(args.work, ignore_errors=True)
+    print(f"{'CPU ms, median of rounds 2..':<36}" + "".join(f"{'rank ' + str(r):>10}" for r in range(args.world)))
+    for name, values in result["cpu_ms"].items():
+        print(f"{name:<36}" + "".join(f"{v:>10.1f}" for v in values))
+    print(
+        f"wall ms: ceiling {result['wall_ms']['ceiling']:.1f}, restore {result['wall_ms']['restore']:.1f}; "
+        f"ceiling/restore per round: median {result['ratio_median']:.3f} "
+        f"({result['ratio_min']:.3f}-{result['ratio_max']:.3f}), {result['rounds']} rounds"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
