@@ -18,6 +18,7 @@ whose restores run warm in the same way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import multiprocessing as mp
@@ -135,6 +136,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.size_mb <= 0 or args.world < 2 or args.rounds < 1:
         p.error("--size-mb must be > 0, --world >= 2 (the read-once exchange) and --rounds >= 1")
+    made = not args.dir.exists()
     args.dir.mkdir(parents=True, exist_ok=True)
     args.work = tempfile.mkdtemp(prefix="profile-restore-", dir=args.dir)
     out = Path(args.work) / "rounds.json"
@@ -155,6 +157,9 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
             if pr.is_alive():
                 pr.kill()
         shutil.rmtree(args.work, ignore_errors=True)
+        if made:  # the directory it made goes too, when nothing else was put there meanwhile
+            with contextlib.suppress(OSError):
+                args.dir.rmdir()
     print(f"{'CPU ms, median of rounds 2..':<36}" + "".join(f"{'rank ' + str(r):>10}" for r in range(args.world)))
     for name, values in result["cpu_ms"].items():
         print(f"{name:<36}" + "".join(f"{v:>10.1f}" for v in values))
