@@ -18,7 +18,19 @@ import time
 import typing as tp
 from pathlib import Path
 
-__all__ = ["ROOT", "ENV", "wall", "free_port", "evict", "wait_job", "emit", "devcluster", "Shaper", "signals_raise"]
+__all__ = [
+    "ROOT",
+    "ENV",
+    "wall",
+    "free_port",
+    "run_ranks",
+    "evict",
+    "wait_job",
+    "emit",
+    "devcluster",
+    "Shaper",
+    "signals_raise",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "tests" / "cluster" / "devcluster"
@@ -40,6 +52,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def run_ranks(worker: tp.Callable[..., None], world: int, args: tp.Any, out: Path, name: str) -> bool:
+    """Run ``worker(rank, world, port, args, str(out))`` in ``world`` spawned processes (``port``: a free one for
+    their process group) and wait for them. True when every rank exited 0 and ``out`` was written; else False, after
+    saying on stderr which ranks failed. No rank outlives the call."""
+    import multiprocessing as mp
+    import sys
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, world, port, args, str(out))) for r in range(world)]
+    try:
+        for pr in procs:
+            pr.start()
+        for pr in procs:
+            pr.join()
+    finally:
+        for pr in procs:
+            if pr.is_alive():
+                pr.kill()
+    if any(pr.exitcode for pr in procs) or not Path(out).exists():
+        print(f"{name}: a rank failed (exit codes {[pr.exitcode for pr in procs]})", file=sys.stderr)
+        return False
+    return True
 
 
 def evict(path: tp.Union[str, Path]) -> None:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -58,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, evict, free_port  # noqa: E402
+from _common import emit, evict, run_ranks  # noqa: E402
 
 
 def make_state(size_mb: float) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, tp.Any]]:
@@ -454,17 +453,9 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
 
     base.mkdir(parents=True, exist_ok=True)
     args.dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=base)).resolve()
-    port = free_port()
     out = args.dir / "result.json"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, str(out))) for r in range(args.world)]
     try:
-        for pr in procs:
-            pr.start()
-        for pr in procs:
-            pr.join()
-        if any(pr.exitcode for pr in procs) or not out.exists():
-            print(f"bench_checkpoint: a rank failed (exit codes {[pr.exitcode for pr in procs]})", file=sys.stderr)
+        if not run_ranks(_worker, args.world, args, out, "bench_checkpoint"):
             return None
         m = json.loads(out.read_text())
         gb = m["state_bytes"] / 1e9
@@ -524,9 +515,6 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
                 shutil.move(str(entry), str(args.keep / entry.name))
         return result
     finally:
-        for pr in procs:
-            if pr.is_alive():
-                pr.kill()
         shutil.rmtree(args.dir, ignore_errors=True)
 
 

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import multiprocessing as mp
 import os
 import shutil
 import statistics
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port  # noqa: E402
+from _common import run_ranks  # noqa: E402
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -140,22 +139,11 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     args.work = tempfile.mkdtemp(prefix="profile-restore-", dir=args.dir)
     out = Path(args.work) / "rounds.json"
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, str(out))) for r in range(args.world)]
     try:
-        for pr in procs:
-            pr.start()
-        for pr in procs:
-            pr.join()
-        if any(pr.exitcode for pr in procs) or not out.exists():
-            print(f"profile_restore: a rank failed (exit codes {[pr.exitcode for pr in procs]})", file=sys.stderr)
+        if not run_ranks(_worker, args.world, args, out, "profile_restore"):
             return 1
         result = summarize(json.loads(out.read_text()))
     finally:
-        for pr in procs:
-            if pr.is_alive():
-                pr.kill()
         shutil.rmtree(args.work, ignore_errors=True)
         if made:  # the directory it made goes too, when nothing else was put there meanwhile
             with contextlib.suppress(OSError):

@@ -16,6 +16,18 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
+def _run(script: str, *argv: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python benchmarks/SCRIPT ARGV...`` from the repository's root, as a fresh clone runs it."""
+    return subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=timeout,
+    )
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA failure path")
 def test_gpu_check_fails_cleanly_without_cuda(tmp_path):
     r = subprocess.run(
@@ -90,14 +102,7 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
 def test_profile_restore_reports_the_phases_and_the_ceiling_per_rank(tmp_path):
     out = tmp_path / "p.json"
     tiny = ["--size-mb", "4", "--world", "2", "--rounds", "3", "--dir", str(tmp_path / "work"), "--json", str(out)]
-    r = subprocess.run(
-        [sys.executable, "benchmarks/profile_restore.py", *tiny],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-    )
+    r = _run("profile_restore.py", *tiny, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert (
@@ -121,14 +126,7 @@ def test_bench_tiers_runs_and_reports_every_figure(tmp_path):
     tiny += ["--global-dir", str(g), "--local-dir", str(local), "--step-width", "32", "--overhead-steps", "4"]
     tiny += ["--overhead-every", "4", "--overhead-saves", "2", "--direct-interval", "0.2", "--direct-seconds", "0.4"]
     tiny += ["--demo-steps", "36", "--demo-local-every", "9", "--demo-pairs", "1"]
-    r = subprocess.run(
-        [sys.executable, "benchmarks/bench_tiers.py", *tiny],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-    )
+    r = _run("bench_tiers.py", *tiny, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     for key in (
@@ -155,12 +153,5 @@ def test_bench_tiers_runs_and_reports_every_figure(tmp_path):
     assert demo["saves_within"] == 2  # the saves at steps 18 and 27 (9: the first; 36: no interval after it)
     assert demo["overhead_within_at_60s"] == pytest.approx(demo["save_cost_within_s"] / 60)
     assert not g.exists() and not local.exists() and not (g.parent / "tiers-demo").exists()  # cleaned up
-    bad = subprocess.run(
-        [sys.executable, "benchmarks/bench_tiers.py", "--no-overhead", "--overhead-only"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=120,
-    )
+    bad = _run("bench_tiers.py", "--no-overhead", "--overhead-only", timeout=120)
     assert bad.returncode == 2 and "exclude each other" in bad.stderr.splitlines()[-1]
