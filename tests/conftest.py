@@ -29,7 +29,22 @@ def slurm_cluster_reason() -> str:
     return ""
 
 
+CLUSTER_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster") + os.sep
+
+
+def pytest_itemcollected(item):
+    """`serial`: the tests that share the machine's one dev cluster (every `slurm` test, and everything under
+    tests/cluster, whose devcluster tests shape its links and cgroups). tools/test runs them one at a time in one
+    session (`-m serial`) beside a session of all the others (`-m "not serial"`)."""
+    if "slurm" in item.keywords or str(item.path).startswith(CLUSTER_TESTS):
+        item.add_marker(pytest.mark.serial)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselected: a session without slurm tests never asks the cluster
 def pytest_collection_modifyitems(config, items):
+    # `measures` (tests that compare timings they measure on the cluster against a prediction) run last: in
+    # tools/test's serial session that is after the other session has most likely ended, on a quieter machine
+    items[:] = [i for i in items if "measures" not in i.keywords] + [i for i in items if "measures" in i.keywords]
     slurm_items = [i for i in items if "slurm" in i.keywords]
     if not slurm_items:
         return

@@ -32,6 +32,7 @@ def _state(what: str) -> str:
     return subprocess.run([str(DEVCLUSTER), what], capture_output=True, text=True, timeout=60).stdout.strip()
 
 
+@pytest.mark.measures
 @pytest.mark.slurm
 def test_short_validation_predicts_the_comm_bound_step_at_4_nodes(tmp_path):
     """About 95 s. The bounds come from the full form's repeats (docs/capacity.md "Validation", 2026-12-04: 3 rounds

@@ -104,6 +104,7 @@ def test_sigterm_restores_the_cgroup_and_unmounts(tmp_path, cgroup, sleeper):
 
 
 @needs_root
+@pytest.mark.measures
 @pytest.mark.slurm
 def test_short_validation_predicts_the_storage_bound_data_wait_at_3_nodes(tmp_path):
     """The benchmark's short form on the dev cluster: calibrate at 1 and 2 nodes unthrottled, predict 1 and 3 nodes

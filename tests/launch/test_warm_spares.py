@@ -187,7 +187,9 @@ def _node_loop(tmp_path: Path, survivors_rc: int, finished: bool) -> tp.Tuple[Sp
         if env["HPCTRAIN_NODE_INDEX"] == "1":
             slurm.jobs["7"]["NodeList"] = "node[1,3]"
             return 0
-        time.sleep(0.5)  # the survivors recover in the job meanwhile
+        deadline = time.monotonic() + 60  # the survivors recover in the job meanwhile: node1's step waits for it
+        while not Ledger(tmp_path).records("node_lost") and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert [r["node"] for r in Ledger(tmp_path).records("node_lost")] == ["node2"]  # before node1's ended
         if finished:
             Ledger(tmp_path).append({"event": "exit", "job_id": "7", "restart_count": 0, "cause": "finished"})
