@@ -102,6 +102,30 @@ class EpochPlan:
         self.part_len = np.diff(self.part_starts)
         self.num_batches = batches_per_epoch(n, global_batch, partitions, tail)
 
+    def task_end(self, first: int, most: int, rank: int, world_size: int) -> int:
+        """Where a read task of at most ``most`` batches from batch ``first`` should end (exclusive): at the batch
+        nearest the last shuffle-window boundary of this rank's part of the stream that lies in the task's second
+        half, else after ``most`` batches (or at the epoch's end, when that comes first).
+
+        A window whose samples two tasks share is read by both: each needs some of its rows, scattered over all of
+        its blocks. Ending tasks where windows end leaves them at most half a batch of rows to share, which the
+        reader skips around (``_h5._spans``) instead of reading whole blocks twice. Which samples each batch holds
+        does not change: only how batches are grouped into tasks."""
+        last = first + most
+        if last >= self.num_batches or most < 2:  # the epoch's end is a window's end too
+            return min(last, self.num_batches)
+        j0 = rank * (self.global_batch // world_size)
+        p = min(j0 // self.per_part, self.partitions - 1)  # the rank's (first) partition
+        base = int(self.part_starts[p]) + j0 % self.per_part
+        lo = base + (first + (last - first + 1) // 2) * self.per_part  # stream positions of the second half
+        hi = base + last * self.per_part
+        ws = self.order.win_starts
+        i = int(np.searchsorted(ws, hi, side="right")) - 1  # the last boundary at or before the task's end
+        if i <= 0 or int(ws[i]) < lo:
+            return last
+        end = int(round((int(ws[i]) - base) / self.per_part))  # the batch edge nearest the boundary
+        return max(first + 1, min(last, end))
+
     def slots(self, batches: np.ndarray, rank: int, world_size: int) -> tp.Tuple[np.ndarray, np.ndarray]:
         """(ids, valid) of shape (len(batches), B/R) for this rank; invalid slots repeat a real sample."""
         if self.global_batch % world_size:

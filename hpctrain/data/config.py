@@ -61,7 +61,7 @@ class H5DataConfig:
     """Reader processes per rank (0 = read in the calling process, for debugging)."""
     prefetch_depth: int = 1
     """Read tasks queued per worker beyond the batches being consumed. A task fills the batches that cover
-    about two shuffle windows, so 1 already keeps ``num_workers`` tasks of batches ahead of the consumer."""
+    about eight shuffle windows, so 1 already keeps ``num_workers`` tasks of batches ahead of the consumer."""
     start_method: str = "forkserver"
     """How worker processes start: ``fork``, ``spawn`` or ``forkserver``. Files are opened in each worker."""
     pin_memory: bool = True

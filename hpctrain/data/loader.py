@@ -336,7 +336,10 @@ class H5Loader:
                     pipe.epoch, pipe.next_batch = pipe.epoch + 1, 0
                     pipe.plan = self.plan(pipe.epoch)
                 size = max(1, k >> max(0, 2 - pipe.task_id))  # ramp k/4, k/2, k: the first batch comes soon
-                batches = np.arange(pipe.next_batch, min(pipe.plan.num_batches, pipe.next_batch + size))
+                # ended where a shuffle window ends: the next task shares at most half a batch of its rows
+                batches = np.arange(
+                    pipe.next_batch, pipe.plan.task_end(pipe.next_batch, size, self.rank, self.world_size)
+                )
                 ids, valid = pipe.plan.slots(batches, self.rank, self.world_size)
                 slots = [pipe.free.pop() for _ in batches]
                 self._pending.add(pipe.task_id)

@@ -148,3 +148,37 @@ def test_topology_errors_are_clear():
         p.slots(np.arange(2), 0, 5)
     with pytest.raises(UsageError, match="fewer than partitions"):
         EpochPlan(EpochOrder(blocks([3]), 0, 0, 4, True), 8, 4, "pad")
+
+
+@pytest.mark.parametrize("parts,world", [(1, 1), (4, 4), (4, 2), (2, 4)])
+def test_read_tasks_end_at_window_edges_and_tile_the_epoch(parts, world):
+    """``task_end`` groups a rank's batches into read tasks of at most ``most`` batches that tile the epoch. A task
+    that reaches the epoch's end ends there; any other ends, where a window boundary of the rank's partition lies in
+    its second half, within half a batch of the last such boundary (the batch edge nearest it), else after ``most``
+    batches."""
+    p = plan(parts=parts, batch=48, window=3)
+    per, ws = p.per_part, p.order.win_starts
+    for rank in range(world):
+        j0 = rank * (p.global_batch // world)
+        base = int(p.part_starts[j0 // per]) + j0 % per
+        for most in (1, 2, 5, 9):
+            first, seen, aligned = 0, [], 0
+            while first < p.num_batches:
+                end = p.task_end(first, most, rank, world)
+                reach = first + most
+                if reach >= p.num_batches or most == 1:
+                    assert end == min(reach, p.num_batches)
+                else:
+                    half = base + (first + (most + 1) // 2) * per
+                    inside = ws[(ws >= half) & (ws <= base + reach * per)]
+                    if len(inside):
+                        assert abs(base + end * per - int(inside.max())) <= per // 2
+                        assert first < end <= reach
+                        aligned += 1
+                    else:
+                        assert end == reach  # no boundary in reach: a full task
+                seen.extend(range(first, end))
+                first = end
+            assert seen == list(range(p.num_batches))
+            if most == 9:
+                assert aligned > 0  # windows of 3 blocks (~150-190 samples) end inside most 9-batch tasks
