@@ -44,6 +44,7 @@ Like any user, it reaches hpctrain through public names only (the meters and ``r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import mmap
 import os
@@ -451,6 +452,7 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
     """One full measurement on the filesystem holding ``base``; None when a rank failed."""
     from hpctrain.ckpt import meters  # torch-free
 
+    created = not base.exists()  # then removed again at the end (an empty /dev/shm/hpctrain-bench was left behind)
     base.mkdir(parents=True, exist_ok=True)
     args.dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=base)).resolve()
     out = args.dir / "result.json"
@@ -516,6 +518,9 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
         return result
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):  # not empty: another run's, or kept on purpose
+                base.rmdir()
 
 
 def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
