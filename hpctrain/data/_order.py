@@ -117,13 +117,13 @@ class EpochPlan:
         j0 = rank * (self.global_batch // world_size)
         p = min(j0 // self.per_part, self.partitions - 1)  # the rank's (first) partition
         base = int(self.part_starts[p]) + j0 % self.per_part
-        lo = base + (first + (last - first + 1) // 2) * self.per_part  # stream positions of the second half
+        lo = base + (first + (most + 1) // 2) * self.per_part  # stream positions of the second half (> 0)
         hi = base + last * self.per_part
-        ws = self.order.win_starts
-        i = int(np.searchsorted(ws, hi, side="right")) - 1  # the last boundary at or before the task's end
-        if i <= 0 or int(ws[i]) < lo:
+        ws = self.order.win_starts  # ws[0] == 0 < lo
+        w = int(ws[np.searchsorted(ws, hi, side="right") - 1])  # the last boundary at or before the task's end
+        if w < lo:
             return last
-        end = int(round((int(ws[i]) - base) / self.per_part))  # the batch edge nearest the boundary
+        end = int(round((w - base) / self.per_part))  # the batch edge nearest the boundary
         return max(first + 1, min(last, end))
 
     def slots(self, batches: np.ndarray, rank: int, world_size: int) -> tp.Tuple[np.ndarray, np.ndarray]:

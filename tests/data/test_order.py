@@ -181,4 +181,4 @@ def test_read_tasks_end_at_window_edges_and_tile_the_epoch(parts, world):
                 first = end
             assert seen == list(range(p.num_batches))
             if most == 9:
-                assert aligned > 0  # windows of 3 blocks (~150-190 samples) end inside most 9-batch tasks
+                assert aligned > 0  # windows of 3 blocks (at most 192 samples) end inside some 9-batch tasks
