@@ -39,7 +39,7 @@ def test_sigkill_in_local_save_or_partner_exchange_loads_a_complete_step(tmp_pat
         5,
         f"{point}:{rank}",
         True,
-        {"agreement_timeout_s": 20.0},  # healthy steps never time out on a loaded machine; SIGKILL closes the sockets
+        {"agreement_timeout_s": 20.0},  # room for healthy steps on a loaded machine; SIGKILL closes the sockets
         env=TWO_NODES,
         allow_failures=True,
     )
