@@ -424,12 +424,20 @@ class InJobRecovery:
             else:
                 time.sleep(_POLL_S)
                 continue
-            mine = json.dumps(plan, sort_keys=True)
-            won = self.store.compare_set(plan_key, "", mine).decode() == mine
-            plan = json.loads(self.store.get(plan_key))
+            plan, won = self._publish(plan_key, plan)
             if won:
                 self._assign(plan)
             return plan
+
+    def _publish(self, plan_key: str, plan: tp.Mapping[str, tp.Any]) -> tp.Tuple[tp.Dict[str, tp.Any], bool]:
+        """The plan under ``plan_key`` (the first survivor's to write it) and whether this survivor is its one
+        author (it writes the fallback record or hands the spares their ranks). Two survivors that poll the same
+        store compute the same plan, byte for byte: compare_set then answers both with their own text, so the
+        text alone cannot tell the author; the first to count itself on the author key is it."""
+        mine = json.dumps(plan, sort_keys=True)
+        stored = self.store.compare_set(plan_key, "", mine).decode()
+        won = stored == mine and self.store.add(f"{plan_key}/authors", 1) == 1
+        return json.loads(stored), won
 
     def _plan(
         self,

@@ -261,6 +261,44 @@ def test_without_a_spare_the_survivors_fall_back_with_one_line_as_a_peer_failure
     assert record["fallback"].startswith("no warm spare left")
 
 
+def test_two_survivors_that_compute_the_same_plan_have_one_author(tmp_path):
+    """The race CI met once: both survivors saw the dead rank in the same poll, wrote the same plan text, and
+    both took compare_set's answer (their own text) as a win: two fallback records. Made certain here by
+    publishing the same plan from two survivors, one after the other."""
+    import torch.distributed as dist
+
+    from hpctrain.ledger import Ledger
+    from hpctrain.runtime.recovery import InJobRecovery, RecoveryConfig
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    cfg = RecoveryConfig(**QUICK)
+    survivors = [
+        InJobRecovery(cfg, host="127.0.0.1", port=store.port, world_size=3, state=None, rank=r, run_dir=tmp_path)
+        for r in (0, 1)
+    ]
+    try:
+        plan = {
+            "generation": 1,
+            "failed_ranks": [2],
+            "agreed_step": 3,
+            "fallback": "no warm spare left for rank(s) [2]",
+        }
+        published = [s._publish("test/g0/plan", plan) for s in survivors]
+        assert [won for _, won in published] == [True, False]
+        assert published[0][0] == published[1][0] == plan
+        for s, (got, won) in zip(survivors, published):
+            if won:
+                s._assign(got)
+        assert [r["failed_ranks"] for r in Ledger(tmp_path).records("in_job_recovery")] == [[2]]
+        # a different plan from a later survivor: the stored one stands, and it is not its author
+        later, won = survivors[1]._publish("test/g0/plan", {**plan, "agreed_step": 2})
+        assert later == plan and not won
+    finally:
+        for s in survivors:
+            s.close()
+        del store
+
+
 def test_a_spare_that_dies_taking_the_rank_is_a_second_failure_and_falls_back(tmp_path):
     opts = {
         "config": {**QUICK, "spares": 1, "collective_timeout_s": 8.0, "agree_timeout_s": 20.0},
