@@ -31,12 +31,15 @@ Measured (all in the same run):
 
 Each figure is the best of ``--repeat`` rounds (3 by default: the machine may be shared), and every
 timed phase starts after ``sync`` and a short pause, so that no phase pays for the previous one's
-write-back (measured order effects were up to 3x on a VM disk). The order is counterbalanced: a round whose
-number (``--round``, which benchmarks/run.py passes, plus the repeat's index) is odd measures the raw write
-before hpctrain's save and the raw reads before its restores, an even one hpctrain first (``hpctrain_first``
-in the result). Sync and the pause do not remove a first-writer effect: on the reference VM's disk the same
-code's first save against the raw write, in fresh processes, was 0.62 by median when the raw write went first and
-1.06 when the save did (5 runs each: docs/benchmarks.md), so a fixed order measured the order.
+write-back (measured order effects were up to 3x on a VM disk). The order is balanced within each round:
+hpctrain's sync save and the raw write are each measured twice, in mirrored order (A B B A), and so are its
+restores and the raw reads; each of those figures is the mean of its two times. Which side is A alternates with
+the round number (``--round``, which benchmarks/run.py passes, plus the repeat's index): ``hpctrain_first`` in the
+result. Why: sync and the pause do not remove the order's effect. With one measurement a side, in an order
+alternating by round, 30 rounds of issue 34's command on the reference VM gave disk ``save_vs_raw`` 0.59 by median
+with the raw write first and 1.09 with the save first, tmpfs ``restore_vs_raw`` 0.85 with the raw reads first and
+0.77 after them, and the median of 5 rounds (3 of one order, 2 of the other) took the majority order's bias
+(docs/benchmarks.md).
 Prints one JSON object; ratios > 1 mean hpctrain is faster, except ``async_block_vs_*`` (lower is better).
 Like any user, it reaches hpctrain through public names only (the meters and ``replicated_share``).
 """
@@ -222,6 +225,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             time.sleep(args.settle_s)
         dist.barrier()
 
+    paired: tp.Dict[str, tp.List[float]] = {}  # a figure measured twice in a round (A B B A): its two times
+
     def timed(name: str, fn: tp.Callable[[], tp.Any], before: tp.Optional[tp.Callable[[], None]] = None) -> tp.Any:
         settle()
         if before is not None and rank == 0:
@@ -230,8 +235,24 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         t0 = time.perf_counter()
         value = fn()
         dist.barrier()
-        res[name] = min(res.get(name, float("inf")), time.perf_counter() - t0)  # best of --repeat
+        res["order"].append(name)
+        if name in paired:
+            paired[name].append(time.perf_counter() - t0)
+        else:
+            res[name] = min(res.get(name, float("inf")), time.perf_counter() - t0)  # best of --repeat
         return value
+
+    def abba(sides: tp.Tuple[tp.Callable[[], None], tp.Callable[[], None]], names: tp.Sequence[str]) -> None:
+        """The two sides in mirrored order, A B B A, each figure the mean of its two times (then the best of
+        --repeat): a side measured once a round, in an order alternating by round, was biased by the order (on
+        this VM's disk the second writer was slower, on tmpfs the second restore faster: docs/benchmarks.md), and
+        the median of 5 such rounds, 3 of one order and 2 of the other, took the majority order's bias."""
+        paired.update({n: [] for n in names})
+        for side in sides + sides[::-1]:
+            side()
+        for n in names:
+            times = paired.pop(n)
+            res[n] = min(res.get(n, float("inf")), sum(times) / len(times))
 
     def keep_min(name: str, value: float) -> None:
         res[name] = min(res.get(name, float("inf")), value)
@@ -271,16 +292,20 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             retain(list(raw_dir.glob("save-*")))
 
     def one_round(rep: int) -> tp.List[Path]:
-        hp_first = (args.round + rep) % 2 == 0  # counterbalanced: odd rounds measure the ceiling first
+        hp_first = (args.round + rep) % 2 == 0
         res["hpctrain_first"] = int(hp_first)
+        res["order"] = []  # the round's timed phases as they ran (the last round's in the result)
         base = 10 * rep
+        steps = iter((base + 1, base + 2))
 
         def hp_save() -> None:
-            timed("hp_save_s", lambda: ck.save(base + 1, model=mh, optimizer=oh, data_state={"samples": base + 1}))
+            step = next(steps)
+            timed("hp_save_s", lambda: ck.save(step, model=mh, optimizer=oh, data_state={"samples": step}))
 
-        if hp_first:
-            hp_save()
-        timed("raw_write_s", raw_write)
+        def raw_save() -> None:
+            timed("raw_write_s", raw_write)
+
+        abba((hp_save, raw_save) if hp_first else (raw_save, hp_save), ("hp_save_s", "raw_write_s"))
 
         # -- floor for staging: one in-memory copy of the whole state into preallocated buffers
         dst = [torch.empty_like(t) for t in _tensors(state)]
@@ -294,9 +319,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         timed("copy_s", copy_all)
 
         # -- hpctrain
-        if not hp_first:
-            hp_save()
-        for step in (base + 2, base + 3):
+        for step in (base + 3, base + 4):
             settle()
             t0 = time.perf_counter()
             ck.save(step, model=mh, optimizer=oh, data_state={"samples": step}, blocking=False)
@@ -304,12 +327,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             ck.wait()
             dist.barrier()
             total = time.perf_counter() - t0
-            tag = "hp_async1" if step == 2 else "hp_async"  # the very first async save allocates the staging arena
+            tag = "hp_async1" if step == 3 else "hp_async"  # the very first async save allocates the staging arena
             keep_min(f"{tag}_block_s", max(_gather(block, world)))
             keep_min(f"{tag}_commit_s", total)
 
         # -- raw cold read of the checkpoint's files (every rank reads all of them, as a replicated restore must)
-        files = sorted((ck_dir / f"step-{base + 3:09d}").glob("*.shard"))
+        files = sorted((ck_dir / f"step-{base + 4:09d}").glob("*.shard"))
 
         def raw_read(which: tp.Sequence[Path]) -> None:
             for f in which:
@@ -362,12 +385,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 r = timed(
                     name, lambda c=rck, m=mh2, o=oh2: c.restore(model=m, optimizer=o), before=lambda: evict(ck_dir)
                 )
-                assert r is not None and r.step == base + 3
+                assert r is not None and r.step == base + 4
                 assert all(torch.equal(model[k], model2[k]) for k in model)
                 res[f"{name[:-2]}_bytes"] = sum(_gather(meters()["bytes_read"] - before, world))
 
-        for side in (hp_restores, raw_reads) if hp_first else (raw_reads, hp_restores):
-            side()
+        reads = ("raw_read_s", "raw_read_own_s", "raw_read_once_s", "raw_read_once_node_s", "hp_restore_s")
+        abba((hp_restores, raw_reads) if hp_first else (raw_reads, hp_restores), reads + ("hp_restore_read_all_s",))
 
         # -- peers
         timed("dcp_save_s", lambda: dcp.save(state, checkpoint_id=str(dcp_dir / f"sync{rep}")))
@@ -467,6 +490,7 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
             "size_mb": args.size_mb,
             "repeat": args.repeat,
             "hpctrain_first": m["hpctrain_first"],  # 1: hpctrain measured before its ceilings (the last repeat)
+            "order": m["order"],
             "state_bytes": m["state_bytes"],
             "checkpoint_bytes": m["checkpoint_bytes"],
             "crc32": meters()["crc32_impl"],  # isal (the [fast] extra) or zlib: the checksum cost in save and restore
@@ -535,8 +559,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         "--round",
         type=int,
         default=1,
-        help="this run's round in a suite (benchmarks/run.py passes it): odd measures each ceiling before "
-        "hpctrain, even hpctrain first; with --repeat the order alternates between repeats",
+        help="this run's round in a suite (benchmarks/run.py passes it): odd leads each A B B A pair with the "
+        "ceiling, even with hpctrain; with --repeat the lead alternates between repeats",
     )
     p.add_argument(
         "--dir",

@@ -13,10 +13,10 @@ and its peer once, interleaved (A B C, A B C, ...), the ratio taken per round; a
 median of the per-round figures (a goal is met when the median meets it) and its ``spread`` their min-max.
 How a benchmark gets its rounds is its ``rounds`` field: ``suite`` (the script run N times with
 ``round_args``, and its ``round_flag`` with the round's number where it has one: the checkpoint benchmark
-counterbalances its order with it; the load average read around each run), ``script`` (``--repeat N`` passed
-on; the script interleaves and reports its rounds itself) or ``once``. The logic (medians, spreads, the load
-mark: a round whose 1-min load average moved by more than one core) is ``benchmarks/_rounds.py``. Writes, next
-to each other:
+alternates with it which side leads its A B B A order; the load average read around each run), ``script``
+(``--repeat N`` passed on; the script interleaves and reports its rounds itself) or ``once``. The logic
+(medians, spreads, the load mark: a round whose 1-min load average moved by more than one core) is
+``benchmarks/_rounds.py``. Writes, next to each other:
 
 * ``PATH`` (default ``bench_out/benchmarks.json``): the JSON below;
 * ``PATH`` with ``.md``: a markdown table of the rows (benchmark, ratio, against, goal, measured, met);
@@ -121,8 +121,11 @@ BENCHMARKS: tp.Tuple[Benchmark, ...] = (
         "sync / async save and restore vs raw I/O, DCP and torch.save, on disk (./bench_out) and tmpfs (/dev/shm)",
         quick=("--size-mb", "16", "--world", "2", "--repeat", "1"),
         rounds="suite",
-        round_args=("--repeat", "1"),  # one round per run: each run measures every side once
-        round_flag="--round",  # odd rounds measure each ceiling before hpctrain, even rounds after (counterbalanced)
+        round_args=(
+            "--repeat",
+            "1",
+        ),  # one round per run: each run measures every side (save/restore ones twice, A B B A)
+        round_flag="--round",  # odd rounds lead with each ceiling (A B B A), even rounds with hpctrain
     ),
     Benchmark(
         "submit",

@@ -83,11 +83,16 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
         "restore_vs_dcp",
     ):
         assert res[key] > 0
+    # the saves and the reads each in mirrored order, A B B A, the ceilings leading in an odd round (--round 1)
+    saves = [n for n in res["order"] if n in ("hp_save_s", "raw_write_s")]
+    assert saves == ["raw_write_s", "hp_save_s", "hp_save_s", "raw_write_s"] and res["hpctrain_first"] == 0
+    reads = [n[:3] for n in res["order"] if n.startswith(("raw_read", "hp_restore"))]
+    assert reads == ["raw"] * 4 + ["hp_"] * 4 + ["raw"] * 4
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [
         "LATEST",
-        "step-000000001",
         "step-000000002",
         "step-000000003",
+        "step-000000004",
     ]
     ls = subprocess.run(
         [sys.executable, "-m", "hpctrain", "ckpt", "verify", str(tmp_path / "kept")],
