@@ -29,17 +29,18 @@ Measured (all in the same run):
 * peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full
   state on rank 0 + fsync, into a new file per save, the newest 3 kept.
 
-Each figure is the best of ``--repeat`` rounds (3 by default: the machine may be shared), and every
-timed phase starts after ``sync`` and a short pause, so that no phase pays for the previous one's
-write-back (measured order effects were up to 3x on a VM disk). The order is balanced within each round:
-hpctrain's sync save and the raw write are each measured twice, in mirrored order (A B B A), and so are its
-restores and the raw reads; each of those figures is the mean of its two times. Which side is A alternates with
-the round number (``--round``, which benchmarks/run.py passes, plus the repeat's index): ``hpctrain_first`` in the
-result. Why: sync and the pause do not remove the order's effect. With one measurement a side, in an order
-alternating by round, 30 rounds of issue 34's command on the reference VM gave disk ``save_vs_raw`` 0.59 by median
-with the raw write first and 1.09 with the save first, tmpfs ``restore_vs_raw`` 0.85 with the raw reads first and
-0.77 after them, and the median of 5 rounds (3 of one order, 2 of the other) took the majority order's bias
-(docs/benchmarks.md).
+Each figure is the best of ``--repeat`` rounds (3 by default: the machine may be shared), and every timed phase
+starts after ``sync`` and a short pause, so that no phase pays for the previous one's write-back (measured order
+effects were up to 3x on a VM disk). The order is balanced within each round: hpctrain's sync save and the raw write
+are each measured twice, in mirrored order (A B B A), and so are its restores and the raw reads; each of those
+figures is the mean of its two times, and each timed sync save and restore is the first of a new ``Checkpointer``
+(as the one a round measured before the pairs was), not a warm repeat (so ``hp_async1``, the async saves'
+checkpointer's first save, is its first of any kind). Which side is A alternates with the round number (``--round``,
+which benchmarks/run.py passes, plus the repeat's index): ``hpctrain_first`` in the result. Why: sync and the pause
+do not remove the order's effect. With one measurement a side, in an order alternating by round, 30 rounds of issue
+34's command on the reference VM gave disk ``save_vs_raw`` 0.59 by median with the raw write first and 1.09 with the
+save first, tmpfs ``restore_vs_raw`` 0.85 with the raw reads first and 0.77 after them, and the median of 5 rounds
+(3 of one order, 2 of the other) took the majority order's bias (docs/benchmarks.md).
 Prints one JSON object; ratios > 1 mean hpctrain is faster, except ``async_block_vs_*`` (lower is better).
 Like any user, it reaches hpctrain through public names only (the meters and ``replicated_share``).
 """
@@ -299,8 +300,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         steps = iter((base + 1, base + 2))
 
         def hp_save() -> None:
-            step = next(steps)
-            timed("hp_save_s", lambda: ck.save(step, model=mh, optimizer=oh, data_state={"samples": step}))
+            # a new checkpointer for each: both of the pair's saves are the first save of a checkpointer (its
+            # layout, its buffers), as the one save a round measured before the pairs; not a warm second save
+            step, fresh = next(steps), Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=3))
+            timed("hp_save_s", lambda: fresh.save(step, model=mh, optimizer=oh, data_state={"samples": step}))
+            fresh.close()
 
         def raw_save() -> None:
             timed("raw_write_s", raw_write)
@@ -380,11 +384,14 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 model2 = {k: torch.zeros_like(v) for k, v in model.items()}
                 optim2: tp.Dict[str, tp.Any] = {"state": {}, "param_groups": []}
                 mh2, oh2 = Holder(model2, True), Holder(optim2, False)
-                rck = cks[mode]
+                # a new checkpointer for each, as for the saves: every timed restore is its checkpointer's first,
+                # as a job's restore at its start is
+                rck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode=mode))
                 before = meters()["bytes_read"]
                 r = timed(
                     name, lambda c=rck, m=mh2, o=oh2: c.restore(model=m, optimizer=o), before=lambda: evict(ck_dir)
                 )
+                rck.close()
                 assert r is not None and r.step == base + 4
                 assert all(torch.equal(model[k], model2[k]) for k in model)
                 res[f"{name[:-2]}_bytes"] = sum(_gather(meters()["bytes_read"] - before, world))
@@ -435,10 +442,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         return files
 
     ck_dir, dcp_dir = work / "hpctrain", work / "dcp"
-    ck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=3))
-    cks = {
-        m: Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode=m)) for m in ("read_once", "read_all")
-    }
+    ck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=3))  # the async saves' (its first is hp_async1)
     # the read-once ceiling's exchange: a dedicated gloo group of the same ranks, as each Checkpointer creates
     # for its own exchange (dist.new_group(backend="gloo")), used once here as the checkpointer uses its own
     gloo = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=600))
@@ -447,8 +451,6 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     for rep in range(args.repeat):
         files = one_round(rep)
     ck.close()
-    for c in cks.values():
-        c.close()
     if rank == 0:
         res["state_bytes"] = nbytes
         res["checkpoint_bytes"] = sum(f.stat().st_size for f in files)
