@@ -655,8 +655,9 @@ def markdown(report: tp.Mapping[str, tp.Any]) -> str:
     if loads:
         lines += [
             "",
-            "median: of the per-round figures (each round measures hpctrain, its ceiling and its peer once, "
-            "interleaved; the ratio is taken per round); spread: their min–max; a goal is met when the median "
+            "median: of the per-round figures (each round measures hpctrain, its ceiling and its peer interleaved, "
+            "the checkpoint's saves and restores and their ceilings twice, A B B A; the ratio is taken per round); "
+            "spread: their min–max; a goal is met when the median "
             f"meets it. 1-min load average before→after each round (marked: it moved by more than "
             f"{_rounds.LOAD_CHANGE_CORES:g} core) — " + "; ".join(loads) + ".",
         ]
