@@ -245,9 +245,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
     def abba(sides: tp.Tuple[tp.Callable[[], None], tp.Callable[[], None]], names: tp.Sequence[str]) -> None:
         """The two sides in mirrored order, A B B A, each figure the mean of its two times (then the best of
-        --repeat): a side measured once a round, in an order alternating by round, was biased by the order (on
-        this VM's disk the second writer was slower, on tmpfs the second restore faster: docs/benchmarks.md), and
-        the median of 5 such rounds, 3 of one order and 2 of the other, took the majority order's bias."""
+        --repeat). Why pairs: the module docstring."""
         paired.update({n: [] for n in names})
         for side in sides + sides[::-1]:
             side()
@@ -300,8 +298,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         steps = iter((base + 1, base + 2))
 
         def hp_save() -> None:
-            # a new checkpointer for each: both of the pair's saves are the first save of a checkpointer (its
-            # layout, its buffers), as the one save a round measured before the pairs; not a warm second save
+            # a new checkpointer for each: its first save, not a warm repeat (the module docstring)
             step, fresh = next(steps), Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=3))
             timed("hp_save_s", lambda: fresh.save(step, model=mh, optimizer=oh, data_state={"samples": step}))
             fresh.close()
@@ -384,8 +381,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 model2 = {k: torch.zeros_like(v) for k, v in model.items()}
                 optim2: tp.Dict[str, tp.Any] = {"state": {}, "param_groups": []}
                 mh2, oh2 = Holder(model2, True), Holder(optim2, False)
-                # a new checkpointer for each, as for the saves: every timed restore is its checkpointer's first,
-                # as a job's restore at its start is
+                # a new checkpointer for each, as for the saves: its first restore, as a job's at its start
                 rck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode=mode))
                 before = meters()["bytes_read"]
                 r = timed(
