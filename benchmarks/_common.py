@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import time
@@ -48,10 +47,12 @@ def wall(argv: tp.Sequence[str], repeats: int, env: tp.Optional[tp.Mapping[str, 
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a local process group's MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a local process group's MASTER_PORT): the
+    product's pick (``hpctrain.runtime.ports``), below the kernel's ephemeral range that the ranks' own
+    connections draw from."""
+    from hpctrain.runtime.ports import free_port as pick
+
+    return pick()
 
 
 def run_ranks(worker: tp.Callable[..., None], world: int, args: tp.Any, out: Path, name: str) -> bool:

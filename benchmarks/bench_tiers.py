@@ -47,7 +47,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _rounds  # noqa: E402
+from _common import free_port  # noqa: E402
 
 # the basic section's ratios, each (numerator, denominator) of times measured in the same round
 RATIOS = {
@@ -78,12 +78,6 @@ def basic_rounds(per_round: tp.Sequence[tp.Mapping[str, float]]) -> tp.Dict[str,
         rounds.append(_rounds.Round(i, t["load_before"], t["load_after"], figures, t.get("seconds")))
     rep = _rounds.report(rounds)
     return {k: v["median"] for k, v in rep["spread"].items()} | rep
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Holder:
@@ -355,7 +349,8 @@ def _demo(args: argparse.Namespace, work: Path) -> tp.Dict[str, tp.Any]:
             run = work / f"{kind}-{i}"
             tier = ["--local-every", str(every), "--global-every", "1000000", "--local-dir", str(work / "local")]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.demo_world)]
-            cmd += ["--master-port", str(_port()), "-m", "hpctrain.launch", "--entry", "hpctrain.examples.demo:main"]
+            cmd += ["--master-port", str(free_port()), "-m", "hpctrain.launch"]
+            cmd += ["--entry", "hpctrain.examples.demo:main"]
             cmd += ["--run-dir", str(run), "--", "--steps", str(args.demo_steps), "--log-every", str(third)]
             cmd += ["--quiet", "--ckpt-dir", str(run / "ck")] + (tier if kind == "with" else [])
             r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -447,7 +442,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     out = Path(args.global_dir).parent / "tiers-result.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
-    port = _port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, str(out))) for r in range(args.world)]
     for pr in procs:
         pr.start()

@@ -22,13 +22,14 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import sys
 import time
 import typing as tp
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
+
+from hpctrain.runtime.ports import free_port  # noqa: E402
 
 
 def _model(hidden: int) -> tp.Any:
@@ -116,9 +117,7 @@ def _rank(rank: int, world: int, port: int, phase: str, args: argparse.Namespace
 
 
 def _spawn(world: int, phase: str, args: argparse.Namespace) -> tp.Dict[str, tp.Any]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = Path(args.out) / f"{phase}.json"
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank, args=(r, world, port, phase, args, str(out))) for r in range(world)]

@@ -12,39 +12,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import random
-import socket
 import tempfile
 import traceback
 import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.runtime.ports import free_port
+
 __all__ = ["run_world", "WorldResult", "free_port", "run_roles", "report_to"]
-
-
-def free_port() -> int:
-    """A port free now on 127.0.0.1, below the kernel's ephemeral range. Its user binds it seconds later (once
-    the spawned ranks are up); a port inside that range may meanwhile become the local end of any outgoing
-    connection (the gloo meshes of the tests running beside this one: tools/test runs two sessions at once), and
-    the bind then fails (EADDRINUSE). Below the range only another free_port() can pick it: 1 in ~12000."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 0
-    pick = random.SystemRandom()
-    for _ in range(64 if ephemeral > 2048 else 0):
-        port = pick.randrange(max(1024, ephemeral - 12000), ephemeral)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import re
 import typing as tp
-import zlib
 from dataclasses import dataclass
 
 from hpctrain.errors import HpctrainError
+from hpctrain.runtime.ports import derive_port
 
 __all__ = [
     "DistEnv",
@@ -38,9 +38,6 @@ __all__ = [
     "node_step_environ",
     "node_ranks",
 ]
-
-PORT_BASE = 20000
-PORT_SPAN = 20000  # ports PORT_BASE .. PORT_BASE + 2*PORT_SPAN - 1
 
 
 class DistEnvError(HpctrainError):
@@ -150,13 +147,6 @@ def expand_tasks_per_node(spec: str) -> tp.List[int]:
             raise DistEnvError(f"cannot parse Slurm tasks-per-node {spec!r}")
         counts.extend([int(m.group(1))] * int(m.group(2) or 1))
     return counts
-
-
-def derive_port(job_id: str, restart_count: int = 0) -> int:
-    """A rendezvous port from the job id: consecutive job ids on a shared node get distinct ports,
-    and a requeued job alternates between two so it never waits on its previous run's TIME_WAIT socket."""
-    key = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
-    return PORT_BASE + (key % PORT_SPAN) * 2 + (restart_count % 2)
 
 
 def _int(environ: tp.Mapping[str, str], name: str) -> int:

@@ -1,6 +1,9 @@
+import socket
+
 import pytest
 
 from hpctrain.runtime.env import DistEnvError, derive_port, expand_hostlist, expand_tasks_per_node, from_environ
+from hpctrain.runtime.ports import free_port
 
 
 @pytest.mark.parametrize(
@@ -68,9 +71,20 @@ def test_restart_count_changes_port():
     assert again.restart_count == 1 and again.master_port != first.master_port
 
 
-def test_ports_distinct_for_consecutive_jobs():
-    ports = {derive_port(str(j)) for j in range(1000, 11000)}
-    assert len(ports) == 10000 and all(20000 <= p < 60000 for p in ports)
+def test_ports_distinct_for_consecutive_jobs_and_below_the_ephemeral_range():
+    ports = {derive_port(str(j), r) for j in range(1000, 7000) for r in (0, 1)}
+    # 6000 consecutive jobs, two ports each; none in Linux's default ephemeral range (32768-60999), where any
+    # outgoing connection on the node may hold it when the master binds (CI: a local job's 36738, EADDRINUSE)
+    assert len(ports) == 12000 and all(20000 <= p < 32768 for p in ports)
+    assert len({derive_port(str(j)) for j in range(1000, 7001)}) == 6000  # the 6001st wraps
+
+
+def test_free_port_is_bindable_and_apart_from_every_derived_port():
+    derived = {derive_port(str(j), r) for j in range(6000) for r in (0, 1)}
+    picks = {free_port() for _ in range(20)}
+    assert all(10000 <= p < 20000 for p in picks) and not picks & derived
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", picks.pop()))  # free a moment ago: only another free_port() caller could take it
 
 
 @pytest.mark.parametrize(
