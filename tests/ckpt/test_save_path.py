@@ -4,6 +4,7 @@ encoded once, the crc of the bytes written."""
 from __future__ import annotations
 
 import json
+import typing as tp
 import zlib
 
 import torch
@@ -143,6 +144,45 @@ def test_entries_text_from_the_template_is_exactly_the_json_encoders():
     assert entries_json(entries) == header_json(entries)
     assert entries_json([]) == header_json([]) == "[]"
     assert json.loads(entries_json(entries)) == entries
+
+
+def test_a_save_leaves_the_collector_on_without_a_deferred_scan_and_a_frozen_heap_frozen(tmp_path):
+    """No collection runs inside a save: the objects the pause let accumulate (a first save's thousands of
+    entries) go to the oldest generation when it ends, not to a scan of the youngest inside the save. The
+    collector is on after it; a process that froze objects itself (gc.freeze() before forking) keeps them
+    frozen; a collector the caller turned off stays off."""
+    import gc
+
+    state = {f"t{i}": torch.full((4,), float(i)) for i in range(3000)}
+    ck = Checkpointer(CheckpointConfig(dir=tmp_path, keep_last=0))
+    runs: tp.List[int] = []
+
+    def seen(phase: str, info: tp.Dict[str, int]) -> None:
+        if phase == "start":
+            runs.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        ck.save(1, extra=state)
+    finally:
+        gc.callbacks.remove(seen)
+    assert runs == [] and gc.isenabled()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        ck.save(2, extra=state)
+        assert gc.get_freeze_count() > frozen // 2 and gc.isenabled()  # unfreeze() would have thawed them all
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        ck.save(3, extra=state)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    ck.close()
+    assert torch.equal(Checkpointer(CheckpointConfig(dir=tmp_path)).restore(step=3).extra["t7"], state["t7"])
 
 
 def test_repeated_saves_of_a_changing_state_restore_each_exactly_and_keep_gc_on(tmp_path):
