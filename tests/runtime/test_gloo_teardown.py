@@ -7,7 +7,9 @@ scheduling race: it is reproduced by tests/runtime/test_in_job_recovery.py's fro
 starts an all-reduce from a backward hook and drops the work; rank 1 joins it only once rank 0 has left the group
 and looked at its worker (a file rank 0 writes then), and ``LATE_S`` after that, so rank 0's worker is in it when
 rank 0 leaves the group, and the release waits for it, however loaded the machine (rank 1 once joined after a fixed
-1.5 s, which a loaded machine could let pass before rank 0 got there).
+1.5 s, which a loaded machine could let pass before rank 0 got there). Rank 0 looks until it sees its worker in
+the all-reduce (at most 10 s): one look right after leaving once found no worker busy on a loaded machine (a full
+suite, 2026-12-07), the worker still in an untimed wait on its way into the work.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ def _leave_while_a_worker_is_in_a_collective(rank: int, world_size: int, late_s:
     groups = gloo_teardown.hold_groups()
     dist.destroy_process_group()
     busy_after_leaving = gloo_teardown.busy_workers()
+    deadline = time.monotonic() + 10
+    while busy_after_leaving == [] and time.monotonic() < deadline:  # on its way into the work (a loaded box)
+        time.sleep(0.01)
+        busy_after_leaving = gloo_teardown.busy_workers()
     t0 = time.monotonic()
     open(looked, "w").close()  # now rank 1 may join
     released = gloo_teardown.release_when_idle(groups, 30.0)
