@@ -31,7 +31,6 @@ __all__ = [
     "from_environ",
     "expand_hostlist",
     "expand_tasks_per_node",
-    "derive_port",
     "slurm_job_id",
     "NODE_INDEX_ENV",
     "TRAINING_NODES_ENV",

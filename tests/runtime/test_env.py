@@ -2,8 +2,8 @@ import socket
 
 import pytest
 
-from hpctrain.runtime.env import DistEnvError, derive_port, expand_hostlist, expand_tasks_per_node, from_environ
-from hpctrain.runtime.ports import free_port
+from hpctrain.runtime.env import DistEnvError, expand_hostlist, expand_tasks_per_node, from_environ
+from hpctrain.runtime.ports import derive_port, free_port
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ import json
 from hpctrain.launch.ending import requeue_job_id
 from hpctrain.launch.spares import SpareLoop
 from hpctrain.runs import cli as runs_cli
-from hpctrain.runtime.env import derive_port, from_environ, slurm_job_id
+from hpctrain.runtime.env import from_environ, slurm_job_id
+from hpctrain.runtime.ports import derive_port
 from hpctrain.sweep import table
 from hpctrain.sweep.plan import write_plan
 from hpctrain.testing import FakeSlurm
