@@ -1,13 +1,15 @@
 """Checkpoint benchmark: hpctrain vs the raw write/read ceiling vs torch.distributed.checkpoint vs torch.save.
 
-    python benchmarks/bench_checkpoint.py [--size-mb 256] [--world 4] [--json PATH] [--keep DIR] [--round N]
-        [--dir WORKDIR [--dir /dev/shm/WORKDIR ...]]
+    python benchmarks/bench_checkpoint.py [--size-mb 256] [--world 4] [--small-tensors 1000] [--json PATH]
+        [--keep DIR] [--round N] [--dir WORKDIR [--dir /dev/shm/WORKDIR ...]]
 
 One run per ``--dir`` (default: ``./bench_out`` on disk and ``/dev/shm/hpctrain-bench`` on tmpfs, side by
 side in one JSON object), ``--world`` real processes on a gloo group (CPU). The state is model-like and
 identical on every rank (as under DDP): ``--size-mb`` in total, one third parameters (a few tensors
-of tens of MB, about a thousand of a few KB) and two thirds an Adam-like optimizer state (exp_avg,
-exp_avg_sq per parameter + a step scalar). Every timing is wall time between two barriers.
+of tens of MB, about a thousand of a few KB: ``--small-tensors``) and two thirds an Adam-like optimizer state
+(exp_avg, exp_avg_sq per parameter + a step scalar). Every timing is wall time between two barriers.
+The same bytes in fewer tensors (``--small-tensors 4``: 32 tensors instead of 4016) separate what the data path
+costs from what the per-tensor work does (docs/checkpoint.md, "What the per-tensor work costs").
 
 Measured (all in the same run):
 * ceiling: raw ``write``+``fsync`` of the same bytes split over the same ranks, into new files per save
@@ -64,15 +66,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, evict, run_ranks  # noqa: E402
 
+SMALL_TENSORS = 1000
+"""The model's small parameters by default (with their optimizer states and steps: 4016 tensors in the checkpoint)."""
 
-def make_state(size_mb: float) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, tp.Any]]:
-    """Deterministic model-like state: (model state_dict, Adam-like optimizer state_dict)."""
+
+def make_state(size_mb: float, small_n: int = SMALL_TENSORS) -> tp.Tuple[tp.Dict[str, tp.Any], tp.Dict[str, tp.Any]]:
+    """Deterministic model-like state: (model state_dict, Adam-like optimizer state_dict). ``small_n``: how many
+    small parameters hold the 20 % of the parameters' bytes that the 4 big ones do not (``--small-tensors``)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     param_bytes = int(size_mb * 2**20 / 3)
     big = max(1, int(param_bytes * 0.8) // 4 // 4)  # 4 big tensors hold 80% of the parameters
-    small_n = 1000
     small = max(1, (param_bytes - 4 * big * 4) // 4 // small_n)
     model = {f"layers.{i}.big.weight": torch.randn(big, generator=g) for i in range(4)}
     for i in range(small_n):
@@ -214,7 +219,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
     work = Path(args.dir)
-    model, optim = make_state(args.size_mb)
+    model, optim = make_state(args.size_mb, args.small_tensors)
     state = {"model": model, "optim": optim}
     nbytes = sum(t.numel() * t.element_size() for t in _tensors(state))
     res: tp.Dict[str, float] = {}
@@ -449,6 +454,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     ck.close()
     if rank == 0:
         res["state_bytes"] = nbytes
+        res["tensors"] = sum(1 for _ in _tensors(state))
         res["checkpoint_bytes"] = sum(f.stat().st_size for f in files)
         Path(out).write_text(json.dumps(res))
     dist.barrier()
@@ -486,6 +492,8 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
             "dir": str(base),
             "world": args.world,
             "size_mb": args.size_mb,
+            "small_tensors": args.small_tensors,
+            "tensors": m["tensors"],
             "repeat": args.repeat,
             "hpctrain_first": m["hpctrain_first"],  # 1: hpctrain measured before its ceilings (the last repeat)
             "order": m["order"],
@@ -549,6 +557,13 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size-mb", type=float, default=256.0, help="total state size (params + optimizer), MiB")
     p.add_argument("--world", type=int, default=4, help="number of ranks (processes)")
+    p.add_argument(
+        "--small-tensors",
+        type=int,
+        default=SMALL_TENSORS,
+        help=f"the model's small parameters (default {SMALL_TENSORS}; each adds 4 tensors with its optimizer state): "
+        "the same bytes in fewer tensors show what the per-tensor work costs",
+    )
     p.add_argument("--json", type=Path, help="also write the JSON result here")
     p.add_argument("--keep", type=Path, help="leave hpctrain's committed checkpoints (the last 3) in this directory")
     p.add_argument("--repeat", type=int, default=3, help="rounds; each figure is the best round (shared machines)")
@@ -568,8 +583,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         "/dev/shm/hpctrain-bench: disk and tmpfs side by side)",
     )
     args = p.parse_args(argv)
-    if args.size_mb <= 0 or args.world < 1 or args.repeat < 1:
-        p.error("--size-mb must be > 0, --world >= 1 and --repeat >= 1")
+    if args.size_mb <= 0 or args.world < 1 or args.repeat < 1 or args.small_tensors < 1:
+        p.error("--size-mb must be > 0, --world >= 1, --repeat >= 1 and --small-tensors >= 1")
     dirs = args.dir or [Path("bench_out"), Path("/dev/shm/hpctrain-bench")]
     results = {}
     for d in dirs:

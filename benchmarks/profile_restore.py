@@ -1,14 +1,14 @@
 """Where a read-once restore spends its time, rank by rank, against its ceiling: a profile from the restore's meters.
 
-    python benchmarks/profile_restore.py [--size-mb 256] [--world 4] [--rounds 12] [--dir /dev/shm/hpctrain-prof]
-        [--json PATH]
+    python benchmarks/profile_restore.py [--size-mb 256] [--world 4] [--small-tensors 1000] [--rounds 12]
+        [--dir /dev/shm/hpctrain-prof] [--json PATH]
 
-``--world`` ranks (one process each, gloo on the CPU) save ``bench_checkpoint.py``'s state once in ``--dir``
-(tmpfs by default), then in the same processes run ``--rounds`` rounds of its read-once ceiling
-(``read_once_node_ceiling``: each rank reads its quarter into the node's shared buffer, maps the whole, copies the
-model out) and of ``Checkpointer.restore`` (``restore_mode="read_once"``, the node exchange), alternating which
-goes first. Per rank and round: the restore's own phases (``RestoreResult.phases``: wall and the calling
-thread's CPU per phase, ``hpctrain.ckpt.RESTORE_PHASES``), the ceiling's read and copy CPU, and each side's
+``--world`` ranks (one process each, gloo on the CPU) save ``bench_checkpoint.py``'s state (``--small-tensors``
+as there) once in ``--dir`` (tmpfs by default), then in the same processes run ``--rounds`` rounds of its
+read-once ceiling (``read_once_node_ceiling``: each rank reads its quarter into the node's shared buffer, maps the
+whole, copies the model out) and of ``Checkpointer.restore`` (``restore_mode="read_once"``, the node exchange),
+alternating which goes first. Per rank and round: the restore's own phases (``RestoreResult.phases``: wall and
+the calling thread's CPU per phase, ``hpctrain.ckpt.RESTORE_PHASES``), the ceiling's read and copy CPU, and each side's
 process CPU (every thread, gloo's included). Prints the medians of rounds 2.. (the first warms the processes up)
 as a table of CPU milliseconds, and the ceiling/restore ratio of each round's wall time with its median; ``--json
 PATH`` writes every figure. A profile, not a benchmark: the goal's ratio comes from ``bench_checkpoint.py``,
@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import run_ranks  # noqa: E402
+from bench_checkpoint import SMALL_TENSORS  # noqa: E402
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -47,7 +48,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     timeout = datetime.timedelta(seconds=600)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     gloo = dist.new_group(backend="gloo", timeout=timeout)  # the ceiling's exchange, as the checkpointer makes its own
-    model, optim = make_state(args.size_mb)
+    model, optim = make_state(args.size_mb, args.small_tensors)
     ck_dir = Path(args.work) / "ck"
     saver = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=1))
     saver.save(1, model=Holder(model, True), optimizer=Holder(optim, False), data_state={"samples": 1})
@@ -129,12 +130,18 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size-mb", type=float, default=256.0, help="total state size (params + optimizer), MiB")
     p.add_argument("--world", type=int, default=4, help="number of ranks (processes)")
+    p.add_argument(
+        "--small-tensors",
+        type=int,
+        default=SMALL_TENSORS,
+        help="the state's small parameters (as bench_checkpoint.py's)",
+    )
     p.add_argument("--rounds", type=int, default=12, help="rounds of ceiling + restore (the first is not counted)")
     p.add_argument("--dir", type=Path, default=Path("/dev/shm/hpctrain-prof"), help="where the checkpoint is saved")
     p.add_argument("--json", type=Path, help="also write the JSON result here")
     args = p.parse_args(argv)
-    if args.size_mb <= 0 or args.world < 2 or args.rounds < 1:
-        p.error("--size-mb must be > 0, --world >= 2 (the read-once exchange) and --rounds >= 1")
+    if args.size_mb <= 0 or args.world < 2 or args.rounds < 1 or args.small_tensors < 1:
+        p.error("--size-mb must be > 0, --world >= 2 (the read-once exchange), --rounds >= 1 and --small-tensors >= 1")
     made = not args.dir.exists()
     args.dir.mkdir(parents=True, exist_ok=True)
     args.work = tempfile.mkdtemp(prefix="profile-restore-", dir=args.dir)

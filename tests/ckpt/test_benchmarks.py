@@ -3,10 +3,12 @@ checks its clean failure without CUDA)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import typing as tp
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,7 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
+    assert res["small_tensors"] == 1000 and res["tensors"] == 4016  # the default state, as the suite measures it
     for key in (
         "save_vs_raw",
         "save_vs_dcp",
@@ -102,6 +105,29 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
         env={**ENV, "PYTHONPATH": str(ROOT)},
     )
     assert ls.returncode == 0, ls.stdout + ls.stderr
+
+
+def _load(name: str) -> tp.Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_state_in_fewer_small_tensors_holds_the_same_bytes():
+    """``--small-tensors``: the benchmark's state with its small parameters' bytes in fewer tensors (each parameter
+    is 4 tensors with its optimizer state), so that a run with few tensors measures the same data path."""
+    bench = _load("bench_checkpoint")
+
+    def count(small: int) -> tp.Tuple[int, int]:
+        model, optim = bench.make_state(8, small)
+        tensors = list(bench._tensors({"model": model, "optim": optim}))
+        return len(tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+    (many, many_bytes), (few, few_bytes) = count(bench.SMALL_TENSORS), count(4)
+    assert (many, few) == (4 * (4 + bench.SMALL_TENSORS), 32)
+    assert abs(many_bytes - few_bytes) < 1e-3 * many_bytes and many_bytes > 7.9 * 2**20
 
 
 def test_profile_restore_reports_the_phases_and_the_ceiling_per_rank(tmp_path):
