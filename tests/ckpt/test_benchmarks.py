@@ -3,7 +3,6 @@ checks its clean failure without CUDA)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.test_gpu_checks import load  # a benchmark script as a module
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -107,18 +108,10 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
     assert ls.returncode == 0, ls.stdout + ls.stderr
 
 
-def _load(name: str) -> tp.Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_state_in_fewer_small_tensors_holds_the_same_bytes():
     """``--small-tensors``: the benchmark's state with its small parameters' bytes in fewer tensors (each parameter
     is 4 tensors with its optimizer state), so that a run with few tensors measures the same data path."""
-    bench = _load("bench_checkpoint")
+    bench = load("bench_checkpoint")
 
     def count(small: int) -> tp.Tuple[int, int]:
         model, optim = bench.make_state(8, small)
