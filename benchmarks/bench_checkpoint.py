@@ -9,7 +9,7 @@ identical on every rank (as under DDP): ``--size-mb`` in total, one third parame
 of tens of MB, about a thousand of a few KB: ``--small-tensors``) and two thirds an Adam-like optimizer state
 (exp_avg, exp_avg_sq per parameter + a step scalar). Every timing is wall time between two barriers.
 The same bytes in fewer tensors (``--small-tensors 4``: 32 tensors instead of 4016) separate what the data path
-costs from what the per-tensor work does (docs/checkpoint.md, "What the per-tensor work costs").
+costs from what the per-tensor work does (docs/checkpoint.md, "What the remaining fraction is spent on").
 
 Measured (all in the same run):
 * ceiling: raw ``write``+``fsync`` of the same bytes split over the same ranks, into new files per save
