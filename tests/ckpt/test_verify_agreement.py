@@ -77,3 +77,15 @@ def test_bytes_nobody_read_are_read_by_the_owner_and_agreed(step_dir: Path) -> N
     index, comm = build_index(step_dir), CountingComm()
     assert _verify(index, reports(step_dir, cut=0.5), 0, 3, comm) == []
     assert comm.calls == 1  # the verdicts' agreement (its second collective only on failure)
+
+
+def test_a_full_restore_reads_every_byte_and_verifies_without_a_collective_of_its_own(step_dir: Path) -> None:
+    """A real 3-rank restore of every state, RNG included: the ranks' reads cover every byte of every shard (the
+    alignment padding after each file region as well, before the rank-local RNG state that starts at the next
+    64-byte boundary), so no owner reads what nobody read: three collectives in all (the index exchange, the
+    plan's agreement, the read reports), not a fourth for the verdicts."""
+    got = run_world(w.restore_collectives, 3, str(step_dir.parent)).results
+    assert all(g["step"] == 1 for g in got)
+    assert len({g["hash"] for g in got}) == 1 and got[0]["hash"] == w.expected_hash(1)
+    for g in got:
+        assert g["calls"] == ["all_gather_with", "all_gather_ints", "all_gather_with"], g["calls"]

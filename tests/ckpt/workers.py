@@ -261,3 +261,31 @@ def restore_phases(rank: int, world: int, d: str, fault: str = "", exchange: str
     ck.close()
     assert res is not None
     return {"wall_s": wall, "phases": res.phases, "hash": state_hash(model, opt, sched)}
+
+
+def restore_collectives(rank: int, world: int, d: str) -> tp.Dict[str, tp.Any]:
+    """Restore into fresh objects; the collectives the restore took (every ``Comm`` gather: the checkpointer's
+    collectives all go through it) and the state's hash."""
+    from hpctrain.ckpt._commit import Comm
+
+    ck = Checkpointer(cfg(d))  # its constructor's agreement is not the restore's
+    model, opt, sched = build(seed=999, steps=0)
+    calls: tp.List[str] = []
+    ints, gather_with = Comm.all_gather_ints, Comm.all_gather_with
+
+    def counted_ints(self: Comm, values: tp.Sequence[int]) -> tp.List[tp.List[int]]:
+        calls.append("all_gather_ints")
+        return ints(self, values)
+
+    def counted_with(self: Comm, *args: tp.Any, **kw: tp.Any) -> tp.Any:
+        calls.append("all_gather_with")
+        return gather_with(self, *args, **kw)
+
+    Comm.all_gather_ints, Comm.all_gather_with = counted_ints, counted_with  # type: ignore[method-assign]
+    try:
+        res = ck.restore(model=model, optimizer=opt, scheduler=sched)
+    finally:
+        Comm.all_gather_ints, Comm.all_gather_with = ints, gather_with  # type: ignore[method-assign]
+    ck.close()
+    assert res is not None
+    return {"calls": calls, "hash": state_hash(model, opt, sched), "step": res.step}
