@@ -26,7 +26,8 @@ Measured (all in the same run):
   restore in both modes (cold page cache: the files are evicted with ``posix_fadvise(DONTNEED)`` after
   fsync), and the bytes each restore read from the files (``hpctrain.ckpt.meters()["bytes_read"]``;
   ``restore_read_amplification`` = bytes read by all ranks / checkpoint size; DCP's from ``/proc/self/io``
-  ``rchar``);
+  ``rchar``), and where the ``read_once`` restore's time went (``restore_cpu_ms``: every rank's CPU by phase of
+  ``RestoreResult.phases``, summed over the ranks, the mean of the round's two restores);
 * floor for async staging: one in-memory copy of the whole state (preallocated ``copy_``);
 * peers: DCP ``save``, ``async_save`` (blocking time), ``load`` (cold); ``torch.save`` of the full
   state on rank 0 + fsync, into a new file per save, the newest 3 kept.
@@ -222,7 +223,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     model, optim = make_state(args.size_mb, args.small_tensors)
     state = {"model": model, "optim": optim}
     nbytes = sum(t.numel() * t.element_size() for t in _tensors(state))
-    res: tp.Dict[str, float] = {}
+    res: tp.Dict[str, tp.Any] = {}
 
     def settle() -> None:
         """Every timed phase starts from the same disk state: nothing dirty, device write cache drained."""
@@ -394,11 +395,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 )
                 rck.close()
                 assert r is not None and r.step == base + 4
+                if mode == "read_once":  # where its time went: every rank's CPU by phase, for each of the pair
+                    phases = _gather({k: v["cpu_s"] for k, v in r.phases.items()}, world)
+                    restore_cpu.append({k: sum(ph.get(k, 0.0) for ph in phases) for k in r.phases})
                 assert all(torch.equal(model[k], model2[k]) for k in model)
                 res[f"{name[:-2]}_bytes"] = sum(_gather(meters()["bytes_read"] - before, world))
 
         reads = ("raw_read_s", "raw_read_own_s", "raw_read_once_s", "raw_read_once_node_s", "hp_restore_s")
+        restore_cpu: tp.List[tp.Dict[str, float]] = []
         abba((hp_restores, raw_reads) if hp_first else (raw_reads, hp_restores), reads + ("hp_restore_read_all_s",))
+        res["restore_cpu_ms"] = {  # the pair's mean (of the round's last repeat)
+            k: 1e3 * sum(c.get(k, 0.0) for c in restore_cpu) / len(restore_cpu) for k in restore_cpu[0]
+        }
 
         # -- peers
         timed("dcp_save_s", lambda: dcp.save(state, checkpoint_id=str(dcp_dir / f"sync{rep}")))
@@ -538,9 +546,13 @@ def run_one(args: argparse.Namespace, base: Path) -> tp.Optional[tp.Dict[str, tp
             "restore_read_amplification": m["hp_restore_bytes"] / m["checkpoint_bytes"],
             "restore_read_all_read_amplification": m["hp_restore_read_all_bytes"] / m["checkpoint_bytes"],
             "dcp_load_read_amplification": m["dcp_load_bytes"] / m["dcp_checkpoint_bytes"],
+            # the read_once restore's CPU by phase (RestoreResult.phases), all ranks' main threads summed: with ranks
+            # sharing cores their CPU adds up, so this says which phase a slower round spent more in
+            "restore_cpu_ms": m["restore_cpu_ms"],
         }
         result = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
         result["throughput_GBps"] = {k: round(v, 3) for k, v in result["throughput_GBps"].items()}
+        result["restore_cpu_ms"] = {k: round(v, 2) for k, v in result["restore_cpu_ms"].items()}
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             for entry in (args.dir / "hpctrain").iterdir():

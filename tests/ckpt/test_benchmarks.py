@@ -87,6 +87,10 @@ def test_bench_checkpoint_runs_and_reports_every_ratio(tmp_path):
         "restore_vs_dcp",
     ):
         assert res[key] > 0
+    # where the read_once restore's time went, per round: every rank's CPU by the phases the restore reports
+    cpu = res["restore_cpu_ms"]
+    assert {"index", "index_exchange", "plan", "read", "views", "verify", "load", "other"} <= cpu.keys()
+    assert cpu["read"] > 0 and cpu["load"] > 0 and min(cpu.values()) >= 0
     # the saves and the reads each in mirrored order, A B B A, the ceilings leading in an odd round (--round 1)
     saves = [n for n in res["order"] if n in ("hp_save_s", "raw_write_s")]
     assert saves == ["raw_write_s", "hp_save_s", "hp_save_s", "raw_write_s"] and res["hpctrain_first"] == 0
