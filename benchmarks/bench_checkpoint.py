@@ -382,6 +382,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
             timed("raw_read_once_s", raw_read_once, before=lambda: evict(ck_dir))
             timed("raw_read_once_node_s", raw_read_once_node, before=lambda: evict(ck_dir))
 
+        restore_cpu: tp.List[tp.Dict[str, float]] = []  # the read_once restores' CPU by phase, this round
+
         def hp_restores() -> None:
             for mode, name in (("read_once", "hp_restore_s"), ("read_all", "hp_restore_read_all_s")):
                 model2 = {k: torch.zeros_like(v) for k, v in model.items()}
@@ -397,15 +399,14 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 assert r is not None and r.step == base + 4
                 if mode == "read_once":  # where its time went: every rank's CPU by phase, for each of the pair
                     phases = _gather({k: v["cpu_s"] for k, v in r.phases.items()}, world)
-                    restore_cpu.append({k: sum(ph.get(k, 0.0) for ph in phases) for k in r.phases})
+                    restore_cpu.append({k: sum(ph.get(k, 0.0) for ph in phases) for k in _keys(phases)})
                 assert all(torch.equal(model[k], model2[k]) for k in model)
                 res[f"{name[:-2]}_bytes"] = sum(_gather(meters()["bytes_read"] - before, world))
 
         reads = ("raw_read_s", "raw_read_own_s", "raw_read_once_s", "raw_read_once_node_s", "hp_restore_s")
-        restore_cpu: tp.List[tp.Dict[str, float]] = []
         abba((hp_restores, raw_reads) if hp_first else (raw_reads, hp_restores), reads + ("hp_restore_read_all_s",))
         res["restore_cpu_ms"] = {  # the pair's mean (of the round's last repeat)
-            k: 1e3 * sum(c.get(k, 0.0) for c in restore_cpu) / len(restore_cpu) for k in restore_cpu[0]
+            k: 1e3 * sum(c.get(k, 0.0) for c in restore_cpu) / len(restore_cpu) for k in _keys(restore_cpu)
         }
 
         # -- peers
@@ -475,7 +476,12 @@ def _rchar() -> int:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
 
 
-def _gather(x: float, world: int) -> tp.List[float]:
+def _keys(dicts: tp.Iterable[tp.Dict[str, tp.Any]]) -> tp.List[str]:
+    """Every key of ``dicts``, in the order first met (a phase one restore or rank took and another did not)."""
+    return list(dict.fromkeys(k for d in dicts for k in d))
+
+
+def _gather(x: tp.Any, world: int) -> tp.List[tp.Any]:
     import torch.distributed as dist
 
     out: tp.List[tp.Any] = [None] * world
