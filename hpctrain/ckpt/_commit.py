@@ -5,7 +5,7 @@ Protocol for one save (``commit_save``), on the checkpointer's own gloo group. T
 agreed once when the checkpointer is built, ``k`` counts saves), so the fast path is two small collectives:
 
 1. every rank checks free space, creates the tmp dir (idempotent), writes its shard, flushes,
-   fsyncs, and computes its crc32 (overlapped with the fsync).
+   fsyncs, and computes its crc32 (as it writes, a batch at a time, while the bytes are in the CPU's cache).
 2. agreement: one all-gather of (ok, size, crc32, layout hash) per rank. Any failure: nobody commits,
    the errors are gathered (slow path), rank 0 removes the tmp dir, every rank raises the same error.
    Differently shaped state on some rank (not DDP-replicated) is refused the same way.
@@ -31,8 +31,10 @@ renames), ``after_rename`` (before LATEST), ``after_latest``; and ``restore_read
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import errno
+import functools
 import logging
 import operator
 import os
@@ -40,7 +42,6 @@ import secrets
 import shutil
 import signal
 import socket
-import threading
 import time
 import typing as tp
 import zlib
@@ -52,6 +53,7 @@ import torch
 from hpctrain._atomic import atomic_write_json, atomic_write_text, fsync_dir
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._format import (
+    CRC_BATCH,
     FORMAT_VERSION,
     LATEST,
     MANIFEST,
@@ -296,6 +298,32 @@ except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX en
 
 
 _NBYTES = operator.attrgetter("nbytes")
+_KICK = 4 << 20
+""":func:`_write_summed` starts the writeback of every this many bytes written (:func:`_start_writeback`), so the
+device writes while the rest is written and the fsync waits for the tail only (4 ranks' saves on the dev VM's
+disk: 9-16 % faster by median, 2, 4, 8 and 16 MiB tried); a multiple of Lustre's default 4 MiB RPC."""
+_SYNC_FILE_RANGE_WRITE = 2
+"""``SYNC_FILE_RANGE_WRITE`` (linux/fs.h): start writing back the range's dirty pages, do not wait."""
+
+
+@functools.lru_cache(maxsize=None)
+def _sync_file_range() -> tp.Optional[tp.Callable[..., int]]:
+    """libc's ``sync_file_range``, or None where there is none (not Linux)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # pragma: no cover - Linux has it
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return tp.cast(tp.Callable[..., int], fn)
+
+
+def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing ``nbytes`` at ``offset`` of ``fd`` back now, without waiting. A hint only:
+    durability is the fsync's, and where the filesystem ignores or refuses it (tmpfs, FUSE) nothing changes."""
+    fn = _sync_file_range()
+    if fn is not None:
+        fn(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # the result is ignored: a refusal costs nothing
 
 
 def _writev_all(fd: int, views: tp.Sequence[memoryview]) -> None:
@@ -321,6 +349,46 @@ def _writev_all(fd: int, views: tp.Sequence[memoryview]) -> None:
             i += 1
 
 
+def _write_summed(fd: int, views: tp.Sequence[memoryview]) -> int:
+    """Write ``views`` in order from the start of the new file ``fd`` and return the crc32 of all their bytes.
+
+    ~``CRC_BATCH`` bytes a :func:`_writev_all` (small views together, a larger one in slices of it), each batch
+    checksummed as soon as it is written, and the writeback started every :data:`_KICK` bytes."""
+    crc = written = kicked = 0
+    batch: tp.List[memoryview] = []
+    size = 0
+
+    def put(views: tp.Sequence[memoryview], n: int) -> None:
+        nonlocal crc, written, kicked
+        _writev_all(fd, views)
+        for v in views:
+            crc = crc32(v, crc)
+        written += n
+        if written - kicked >= _KICK:
+            _start_writeback(fd, kicked, written - kicked)
+            kicked = written
+
+    for v in views:
+        n = v.nbytes
+        if n > CRC_BATCH:
+            if batch:
+                put(batch, size)
+                batch, size = [], 0
+            flat = v if v.format == "B" and v.ndim == 1 else v.cast("B")
+            for off in range(0, n, CRC_BATCH):
+                piece = flat[off : off + CRC_BATCH]
+                put((piece,), piece.nbytes)
+            continue
+        batch.append(v)
+        size += n
+        if size >= CRC_BATCH or len(batch) >= _IOV_MAX:
+            put(batch, size)
+            batch, size = [], 0
+    if batch:
+        put(batch, size)
+    return crc
+
+
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         n = os.write(fd, view[: 1 << 30])
@@ -334,7 +402,7 @@ def write_shard(
     stripe: tp.Sequence[str] = (),
     lustre: tp.Optional[LustreCommands] = None,
 ) -> tp.Tuple[int, int]:
-    """Write header + data, fsync (in a thread) while computing crc32; return (size, crc32).
+    """Write header + data with their crc32 (:func:`_write_summed`), fsync; return (size, crc32).
 
     With ``stripe``, ``lfs setstripe`` (through ``lustre``) creates the new, empty file with that layout
     first; where it cannot, the file is created with the filesystem's default layout."""
@@ -350,24 +418,9 @@ def write_shard(
                 parts.append(memoryview(bytes(off - pos)))
             parts.append(view)
             pos = off + view.nbytes
-        _writev_all(fd, parts)
+        crc = _write_summed(fd, parts)
         fault("after_write", rank)
-        err: tp.List[BaseException] = []
-
-        def _sync() -> None:
-            try:
-                os.fsync(fd)
-            except BaseException as exc:  # noqa: BLE001
-                err.append(exc)
-
-        syncer = threading.Thread(target=_sync, name="hpctrain-ckpt-fsync")
-        syncer.start()
-        crc = 0
-        for part in parts:
-            crc = crc32(part, crc)
-        syncer.join()
-        if err:
-            raise err[0]
+        os.fsync(fd)
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)

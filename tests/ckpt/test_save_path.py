@@ -49,7 +49,7 @@ def test_layout_cache_reuses_metadata_only_for_the_same_keys_dtypes_and_shapes()
 
 
 def test_the_crc_computed_while_writing_is_the_files_crc_across_slice_boundaries(tmp_path):
-    """Tensors larger than the 4 MiB write slice and the 32 MiB write-back kick, between small ones: the
+    """Tensors larger than the 256 KiB write batch and the 4 MiB writeback kick, between small ones: the
     manifest's crc32 is zlib's crc32 of the whole file, for a sync and an async save."""
     state = {
         "small": torch.arange(7.0),
@@ -66,6 +66,47 @@ def test_the_crc_computed_while_writing_is_the_files_crc_across_slice_boundaries
         manifest = json.loads((tmp_path / f"step-{step:09d}" / "MANIFEST.json").read_text())
         assert manifest["shards"][0]["crc32"] == zlib.crc32(data) and manifest["shards"][0]["bytes"] == len(data)
         assert read_header(_shard(tmp_path, step)).header["step"] == step
+
+
+def test_write_summed_writes_every_view_in_order_and_sums_them_as_one_crc(tmp_path, monkeypatch):
+    """Small views batched, views larger than a batch in slices, a 2-D float view cast to bytes: the file is their
+    concatenation, the crc32 is zlib's of it, and the writeback is started in consecutive ranges of at least the
+    kick from the file's start, through the real ``sync_file_range`` (which accepts them: 0)."""
+    import array
+    import os
+
+    import numpy as np
+
+    from hpctrain.ckpt import _commit
+
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 255, size=_commit._KICK + 12_345, dtype=np.uint8)
+    views = [
+        memoryview(b"head"),
+        *(memoryview(bytes([k]) * (k * 1000 + 1)) for k in range(1, 60)),  # ~1.8 MB of small views
+        memoryview(big),
+        memoryview(np.arange(3 * 100_003, dtype=np.float32).reshape(3, 100_003)),  # > a batch, not bytes
+        memoryview(array.array("d", range(5))),
+        memoryview(rng.integers(0, 255, size=2 * _commit._KICK, dtype=np.uint8)),
+    ]
+    want = b"".join(v.tobytes() for v in views)
+    kicks: tp.List[tp.Tuple[int, int, int]] = []
+    real = _commit._start_writeback
+
+    def record(fd: int, offset: int, nbytes: int) -> None:
+        kicks.append((offset, nbytes, _commit._sync_file_range()(fd, offset, nbytes, _commit._SYNC_FILE_RANGE_WRITE)))
+        real(fd, offset, nbytes)
+
+    monkeypatch.setattr(_commit, "_start_writeback", record)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        crc = _commit._write_summed(fd, views)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == want and crc == zlib.crc32(want)
+    assert len(kicks) >= 3 and kicks[0][0] == 0 and all(r == 0 for *_, r in kicks)
+    assert all(a + n == b for (a, n, _), (b, _, _) in zip(kicks, kicks[1:]))
+    assert all(n >= _commit._KICK for _, n, _ in kicks) and kicks[-1][0] + kicks[-1][1] <= len(want)
 
 
 def _fresh_plan(lay, others, rank, world):
