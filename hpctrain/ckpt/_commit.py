@@ -53,7 +53,6 @@ import torch
 from hpctrain._atomic import atomic_write_json, atomic_write_text, fsync_dir
 from hpctrain._lustre import LustreCommands
 from hpctrain.ckpt._format import (
-    CRC_BATCH,
     FORMAT_VERSION,
     LATEST,
     MANIFEST,
@@ -298,6 +297,10 @@ except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX en
 
 
 _NBYTES = operator.attrgetter("nbytes")
+_SUM_BATCH = 256 << 10
+""":func:`_write_summed` writes this many bytes at a time and checksums them right after, while the CPU's cache
+still holds them. One process, 64 MiB on tmpfs: write and crc32 22.0 ms against 24.6 for one ``writev`` and a crc32
+after it (1 MiB at a time 23.2, 4 MiB 24.2)."""
 _KICK = 4 << 20
 """:func:`_write_summed` starts the writeback of every this many bytes written (:func:`_start_writeback`), so the
 device writes while the rest is written and the fsync waits for the tail only (4 ranks' saves on the dev VM's
@@ -352,7 +355,7 @@ def _writev_all(fd: int, views: tp.Sequence[memoryview]) -> None:
 def _write_summed(fd: int, views: tp.Sequence[memoryview]) -> int:
     """Write ``views`` in order from the start of the new file ``fd`` and return the crc32 of all their bytes.
 
-    ~``CRC_BATCH`` bytes a :func:`_writev_all` (small views together, a larger one in slices of it), each batch
+    ~``_SUM_BATCH`` bytes a :func:`_writev_all` (small views together, a larger one in slices of it), each batch
     checksummed as soon as it is written, and the writeback started every :data:`_KICK` bytes."""
     crc = written = kicked = 0
     batch: tp.List[memoryview] = []
@@ -370,18 +373,18 @@ def _write_summed(fd: int, views: tp.Sequence[memoryview]) -> int:
 
     for v in views:
         n = v.nbytes
-        if n > CRC_BATCH:
+        if n > _SUM_BATCH:
             if batch:
                 put(batch, size)
                 batch, size = [], 0
             flat = v if v.format == "B" and v.ndim == 1 else v.cast("B")
-            for off in range(0, n, CRC_BATCH):
-                piece = flat[off : off + CRC_BATCH]
+            for off in range(0, n, _SUM_BATCH):
+                piece = flat[off : off + _SUM_BATCH]
                 put((piece,), piece.nbytes)
             continue
         batch.append(v)
         size += n
-        if size >= CRC_BATCH or len(batch) >= _IOV_MAX:
+        if size >= _SUM_BATCH or len(batch) >= _IOV_MAX:
             put(batch, size)
             batch, size = [], 0
     if batch:

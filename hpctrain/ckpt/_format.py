@@ -69,14 +69,8 @@ __all__ = [
     "parse_name",
     "crc32",
     "CRC32_IMPL",
-    "CRC_BATCH",
 ]
 
-CRC_BATCH = 256 << 10
-"""Bytes moved at a time between a shard file and memory when their crc32 is computed on the way (a save's writes,
-a restore's reads): each batch is checksummed right after it moved, while the CPU's cache still holds it. One
-process, 64 MiB on tmpfs: write and crc32 22.0 ms at this size against 24.6 for one write and a crc32 after it;
-read and crc32 33.7 ms against 35.3 at 4 MiB (crc32 on data no longer cached: about 1.5-2.5 ms more)."""
 FORMAT_VERSION = 2
 """Written as 2 when a checkpoint holds sharded (box) entries, else as 1; both are read."""
 MAGIC = b"HPCKSHD1"
