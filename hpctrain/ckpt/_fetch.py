@@ -55,7 +55,6 @@ _GAP = 4096
 """Stored pieces closer than this in one file are read as one run, the bytes between them included."""
 _RUN_TRIES = 4
 """How many of the next tensors of a shape :meth:`_Views._strided` tries as the second of an evenly spaced run."""
-
 _CRC_CHUNK = 4 << 20
 """Large runs are read and checksummed this much at a time (the crc runs on bytes still in cache). Not the save's
 256 KiB: on tmpfs that restored 1.2-1.5 % faster (paired rounds, 4 ranks), but not from a cold disk (1.005 and 0.960
