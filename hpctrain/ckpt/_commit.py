@@ -304,7 +304,7 @@ after it (1 MiB at a time 23.2, 4 MiB 24.2)."""
 _KICK = 4 << 20
 """:func:`_write_summed` starts the writeback of every this many bytes written (:func:`_start_writeback`), so the
 device writes while the rest is written and the fsync waits for the tail only (4 ranks' saves on the dev VM's
-disk: 9-16 % faster by median, 2, 4, 8 and 16 MiB tried); a multiple of Lustre's default 4 MiB RPC."""
+disk: 9-16 % faster by median, 2, 4, 8 and 16 MiB tried); a multiple of the 1-4 MiB RPCs a Lustre client sends."""
 _SYNC_FILE_RANGE_WRITE = 2
 """``SYNC_FILE_RANGE_WRITE`` (linux/fs.h): start writing back the range's dirty pages, do not wait."""
 

@@ -58,7 +58,8 @@ _RUN_TRIES = 4
 _CRC_CHUNK = 4 << 20
 """Large runs are read and checksummed this much at a time (the crc runs on bytes still in cache). Not the save's
 256 KiB: on tmpfs that restored 1.2-1.5 % faster (paired rounds, 4 ranks), but not from a cold disk (1.005 and 0.960
-in two paired runs), and a parallel filesystem serves a read best in requests of its RPC size (4 MiB) or more."""
+in two paired runs), and a parallel filesystem serves a read best in requests of at least its RPC size (1-4 MiB on
+Lustre)."""
 
 Run = tp.Tuple[int, int, int, int]
 """(shard, file position, destination address, nbytes)."""
