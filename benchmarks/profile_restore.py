@@ -1,7 +1,7 @@
 """Where a read-once restore spends its time, rank by rank, against its ceiling: a profile from the restore's meters.
 
     python benchmarks/profile_restore.py [--size-mb 256] [--world 4] [--small-tensors 1000] [--rounds 12]
-        [--dir /dev/shm/hpctrain-prof] [--json PATH]
+        [--dir /dev/shm/hpctrain-prof] [--json PATH] [--what-if free-metadata] [--what-if no-verify]
 
 ``--world`` ranks (one process each, gloo on the CPU) save ``bench_checkpoint.py``'s state (``--small-tensors``
 as there) once in ``--dir`` (tmpfs by default), then in the same processes run ``--rounds`` rounds of its
@@ -13,6 +13,13 @@ process CPU (every thread, gloo's included). Prints the medians of rounds 2.. (t
 as a table of CPU milliseconds, and the ceiling/restore ratio of each round's wall time with its median; ``--json
 PATH`` writes every figure. A profile, not a benchmark: the goal's ratio comes from ``bench_checkpoint.py``,
 whose restores run warm in the same way.
+
+``--what-if`` (repeatable) measures what a part of the restore is worth by taking it away, the rest unchanged:
+``free-metadata``: every round after the first reuses the first round's index and plan (``index_share``,
+``build_index`` and ``plan`` answer from memory: no header parsed, typed or checked, no skeleton, no packing; the
+exchange and the agreements still run): the most any faster index (a columnar header, an index kept as columns)
+could give. ``no-verify``: ``verify_checksums=False`` (no crc32 computed or combined): what the checksums cost.
+Neither is a restore to use: the reused index would miss a damaged or changed checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +51,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
 
+    if "free-metadata" in args.what_if:
+        from hpctrain.ckpt import checkpointer as restore_module
+
+        for name in _METADATA_STEPS:
+            setattr(restore_module, name, _first_answer(getattr(restore_module, name)))
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=600)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
@@ -53,7 +65,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     saver = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=1))
     saver.save(1, model=Holder(model, True), optimizer=Holder(optim, False), data_state={"samples": 1})
     saver.close()
-    ck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode="read_once"))
+    verify = "no-verify" not in args.what_if
+    ck = Checkpointer(CheckpointConfig(dir=ck_dir, keep_last=0, restore_mode="read_once", verify_checksums=verify))
     files = sorted(next(ck_dir.glob("step-*")).glob("*.shard"))
     model_dst = [torch.zeros_like(v) for v in model.values()]
 
@@ -90,6 +103,23 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         Path(out).write_text(json.dumps(everyone))
     dist.barrier()
     dist.destroy_process_group()
+
+
+_METADATA_STEPS = ("index_share", "build_index", "plan")
+"""What ``--what-if free-metadata`` takes away: the restore's index and plan, as ``Checkpointer.restore`` calls them."""
+WHAT_IFS = ("free-metadata", "no-verify")
+
+
+def _first_answer(fn: tp.Callable[..., tp.Any]) -> tp.Callable[..., tp.Any]:
+    """``fn`` answering every call after its first with its first call's result (``--what-if free-metadata``)."""
+    first: tp.List[tp.Any] = []
+
+    def again(*args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+        if not first:
+            first.append(fn(*args, **kwargs))
+        return first[0]
+
+    return again
 
 
 def _median(xs: tp.Iterable[float]) -> float:
@@ -139,6 +169,13 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=12, help="rounds of ceiling + restore (the first is not counted)")
     p.add_argument("--dir", type=Path, default=Path("/dev/shm/hpctrain-prof"), help="where the checkpoint is saved")
     p.add_argument("--json", type=Path, help="also write the JSON result here")
+    p.add_argument(
+        "--what-if",
+        action="append",
+        default=[],
+        choices=WHAT_IFS,
+        help="take a part of the restore away to measure its worth (repeatable; the module docstring)",
+    )
     args = p.parse_args(argv)
     if args.size_mb <= 0 or args.world < 2 or args.rounds < 1 or args.small_tensors < 1:
         p.error("--size-mb must be > 0, --world >= 2 (the read-once exchange), --rounds >= 1 and --small-tensors >= 1")
@@ -150,6 +187,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         if not run_ranks(_worker, args.world, args, out, "profile_restore"):
             return 1
         result = summarize(json.loads(out.read_text()))
+        result["what_if"] = sorted(set(args.what_if))
     finally:
         shutil.rmtree(args.work, ignore_errors=True)
         if made:  # the directory it made goes too, when nothing else was put there meanwhile
@@ -158,6 +196,8 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     print(f"{'CPU ms, median of rounds 2..':<36}" + "".join(f"{'rank ' + str(r):>10}" for r in range(args.world)))
     for name, values in result["cpu_ms"].items():
         print(f"{name:<36}" + "".join(f"{v:>10.1f}" for v in values))
+    if args.what_if:
+        print(f"what if: {', '.join(result['what_if'])} (not a restore to use: the module docstring)")
     print(
         f"wall ms: ceiling {result['wall_ms']['ceiling']:.1f}, restore {result['wall_ms']['restore']:.1f}; "
         f"ceiling/restore per round: median {result['ratio_median']:.3f} "

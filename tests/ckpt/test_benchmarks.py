@@ -147,6 +147,23 @@ def test_profile_restore_reports_the_phases_and_the_ceiling_per_rank(tmp_path):
     assert not (tmp_path / "work").exists()  # its checkpoint is removed, and the directory it made
 
 
+def test_profile_restore_what_if_takes_the_index_and_the_plan_away(tmp_path):
+    """``--what-if free-metadata``: the rounds after the first reuse the first round's index and plan (their phases
+    cost nothing) and still restore the saved values (the worker asserts them); ``--what-if no-verify`` restores
+    without checksums. Both are named in the result, so a figure taken with them is never mistaken for a restore's."""
+    out = tmp_path / "p.json"
+    tiny = ["--size-mb", "4", "--world", "2", "--rounds", "3", "--dir", str(tmp_path / "work"), "--json", str(out)]
+    r = _run("profile_restore.py", *tiny, "--what-if", "no-verify", "--what-if", "free-metadata", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["what_if"] == ["free-metadata", "no-verify"] and "what if: free-metadata, no-verify" in r.stdout
+    cpu = res["cpu_ms"]
+    assert all(v < 0.5 for v in cpu["restore index"] + cpu["restore plan"]), cpu  # 4016 tensors: ~4-9 ms each, unreused
+    assert all(v > 0 for v in cpu["restore read"] + cpu["restore load"] + cpu["restore index_exchange"])
+    bad = _run("profile_restore.py", *tiny, "--what-if", "free-index", timeout=60)
+    assert bad.returncode == 2 and "invalid choice: 'free-index'" in bad.stderr
+
+
 @pytest.mark.slow
 def test_bench_tiers_runs_and_reports_every_figure(tmp_path):
     out, g, local = tmp_path / "r.json", tmp_path / "bench" / "global", tmp_path / "local"
