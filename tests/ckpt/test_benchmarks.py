@@ -143,7 +143,7 @@ def test_profile_restore_reports_the_phases_and_the_ceiling_per_rank(tmp_path):
     phases = [k for k in cpu if k.startswith("restore ") and k != "restore main thread" and "process" not in k]
     for rank in range(2):
         assert sum(cpu[k][rank] for k in phases) == pytest.approx(cpu["restore main thread"][rank], rel=0.3)
-    assert "restore main thread" in r.stdout and "ceiling/restore per round" in r.stdout
+    assert "restore main thread" in r.stdout and "ceiling/restore per round" in r.stdout and res["verified"] is True
     assert not (tmp_path / "work").exists()  # its checkpoint is removed, and the directory it made
 
 
@@ -157,6 +157,7 @@ def test_profile_restore_what_if_takes_the_index_and_the_plan_away(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["what_if"] == ["free-metadata", "no-verify"] and "what if: free-metadata, no-verify" in r.stdout
+    assert res["verified"] is False  # the ranks' checkpointers restored without checksums
     cpu = res["cpu_ms"]
     assert all(v < 0.5 for v in cpu["restore index"] + cpu["restore plan"]), cpu  # 4016 tensors: ~4-9 ms each, unreused
     assert all(v > 0 for v in cpu["restore read"] + cpu["restore load"] + cpu["restore index_exchange"])
