@@ -34,6 +34,7 @@ from hpctrain.ckpt._format import (
     step_name,
 )
 from hpctrain.ckpt._index import SHARE_INLINE, Index, build_index, index_share
+from hpctrain.ckpt._readahead import Readahead, readahead
 from hpctrain.ckpt._restore import Plan, fill, plan, resolve_mode
 from hpctrain.ckpt._scan import (
     Deleter,
@@ -437,6 +438,9 @@ class Checkpointer:
         words = [int.from_bytes(digest[i : i + 8], "little", signed=True) for i in (0, 8)]
         first = (mine[0] if mine else None) if step is None else (step if step in mine else None)
         gathered: tp.Dict[int, tp.Tuple[tp.List[tp.Any], tp.Any]] = {}  # a step's exchanged index and our manifest
+        via = route(self.config.restore_exchange, self._comm)
+        mode = resolve_mode(self.config.restore_mode, self._comm.hosts, node=via.node)
+        ahead: tp.Dict[int, Readahead] = {}  # the first candidate's files, read ahead once its headers are parsed
         if self.world_size == 1:
             common = mine
         else:
@@ -450,6 +454,10 @@ class Checkpointer:
                         if first is not None
                         else (None, None)
                     )
+                    if first is not None and manifest is not None:  # the disk streams while the index is built
+                        ahead[first] = readahead(
+                            self.root / step_name(first), manifest, self.rank, self.world_size, mode
+                        )
                 with clock("index_exchange"):
                     got, shares = self._comm.all_gather_with(
                         words, (first, message), inline=SHARE_INLINE, compress=True
@@ -469,6 +477,8 @@ class Checkpointer:
                     f"step {step} is not a committed checkpoint in {self.root} on every rank; committed: {common[:10]}"
                 )
             common = [step]
+        for k in [k for k in ahead if k not in common]:  # the ranks differ in their steps: not this one
+            ahead.pop(k).join()
         quarantined: tp.List[int] = []
         targets = [
             (n, o) for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler)) if o is not None
@@ -480,67 +490,69 @@ class Checkpointer:
 
         # the index exchange when it did not ride with the agreement above: the same rows, compressed
         share = (self.rank, self.world_size, exchange) if self.world_size > 1 else None
-        via = route(self.config.restore_exchange, self._comm)
-        mode = resolve_mode(self.config.restore_mode, self._comm.hosts, node=via.node)
         for s in common:
             path = self.root / step_name(s)
             with clock("fetch"):
                 self._before_read(path, None)
-            index: tp.Optional[Index] = None
+            hint = ahead.pop(s, None) or readahead(path, None, self.rank, self.world_size, mode)
             try:
-                with clock("index"):
-                    index, err = build_index(path, share=share, gathered=gathered.pop(s, None)), ""
-            except CheckpointFormatError as exc:
-                err = f"rank {self.rank}: {exc}"
-            except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
-                err = f"rank {self.rank}: {path.name}: {type(exc).__name__}: {exc}"
-            p: tp.Optional[Plan] = None
-            misfit: tp.Optional[Exception] = None
-            with clock("plan"):
-                if index is not None:
-                    try:  # metadata only: a checkpoint that does not fit the objects fails here, nothing read or loaded
-                        p = plan(index, s, targets, strict, self.rank)
-                    except Exception as exc:  # noqa: BLE001 - never raise before the agreement: the others wait in it
-                        misfit = exc
-                # one small collective agrees on both: the index (damage: quarantine; it may be found on some ranks
-                # only, and what the others planned from it is then disregarded) and, on an undamaged step, the plan
-                # (a misfit, the same on every rank: raise)
-                ok = self._comm.all_gather_ints([0 if err else 1, 0 if misfit else 1])
-                errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
-            if not errors:
-                if not all(o[1] for o in ok):
-                    said = [e for e in self._comm.all_gather(str(misfit) if misfit else "") if e]
-                    if misfit is not None and not isinstance(misfit, HpctrainError):
-                        raise misfit
-                    raise HpctrainError(said[0])
-                assert index is not None and p is not None
-                with clock("plan"):
-                    needed = shards_read(index, p, self.rank, self.world_size, mode=mode)
-                with clock("fetch"):
-                    self._before_read(path, needed)
-                with clock("read"):
-                    tensors, errors = read(
-                        index, p, self._comm, mode=mode, verify=self.config.verify_checksums, route=via, clock=clock
-                    )
-                if not errors:
-                    with clock("load"):
-                        result = self._apply(
-                            s, path, index, p, tensors, quarantined, targets, map_location, strict, restore_rng
-                        )
-                    result.phases = clock.result()
-                    return result
-            log.error(
-                "hpctrain.ckpt: CHECKPOINT STEP %d IS CORRUPT, quarantining it and falling back: %s", s, errors[0]
-            )
-            if self.rank == 0:
-                stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+                index: tp.Optional[Index] = None
                 try:
-                    os.rename(path, self.root / quarantine_name(s, stamp))
-                except OSError as exc:
-                    log.error("hpctrain.ckpt: could not quarantine %s: %s", path, exc)
-            quarantined.append(s)
-            if step is not None:
-                raise HpctrainError(f"checkpoint step {s} failed verification and was quarantined: {errors[0]}")
+                    with clock("index"):
+                        index, err = build_index(path, share=share, gathered=gathered.pop(s, None)), ""
+                except CheckpointFormatError as exc:
+                    err = f"rank {self.rank}: {exc}"
+                except Exception as exc:  # noqa: BLE001 - damage of any kind quarantines the step, never escapes raw
+                    err = f"rank {self.rank}: {path.name}: {type(exc).__name__}: {exc}"
+                p: tp.Optional[Plan] = None
+                misfit: tp.Optional[Exception] = None
+                with clock("plan"):
+                    if index is not None:
+                        try:  # metadata only: a checkpoint that does not fit the objects fails here, nothing read
+                            p = plan(index, s, targets, strict, self.rank)
+                        except Exception as exc:  # noqa: BLE001 - never raise before the agreement: the others wait in it
+                            misfit = exc
+                    # one small collective agrees on both: the index (damage: quarantine; it may be found on some ranks
+                    # only, and what the others planned from it is then disregarded) and, on an undamaged step, the plan
+                    # (a misfit, the same on every rank: raise)
+                    ok = self._comm.all_gather_ints([0 if err else 1, 0 if misfit else 1])
+                    errors = [] if all(o[0] for o in ok) else [e for e in self._comm.all_gather(err) if e]
+                if not errors:
+                    if not all(o[1] for o in ok):
+                        said = [e for e in self._comm.all_gather(str(misfit) if misfit else "") if e]
+                        if misfit is not None and not isinstance(misfit, HpctrainError):
+                            raise misfit
+                        raise HpctrainError(said[0])
+                    assert index is not None and p is not None
+                    with clock("plan"):
+                        needed = shards_read(index, p, self.rank, self.world_size, mode=mode)
+                    with clock("fetch"):
+                        self._before_read(path, needed)
+                    with clock("read"):
+                        tensors, errors = read(
+                            index, p, self._comm, mode=mode, verify=self.config.verify_checksums, route=via, clock=clock
+                        )
+                    if not errors:
+                        with clock("load"):
+                            result = self._apply(
+                                s, path, index, p, tensors, quarantined, targets, map_location, strict, restore_rng
+                            )
+                        result.phases = clock.result()
+                        return result
+                log.error(
+                    "hpctrain.ckpt: CHECKPOINT STEP %d IS CORRUPT, quarantining it and falling back: %s", s, errors[0]
+                )
+                if self.rank == 0:
+                    stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+                    try:
+                        os.rename(path, self.root / quarantine_name(s, stamp))
+                    except OSError as exc:
+                        log.error("hpctrain.ckpt: could not quarantine %s: %s", path, exc)
+                quarantined.append(s)
+                if step is not None:
+                    raise HpctrainError(f"checkpoint step {s} failed verification and was quarantined: {errors[0]}")
+            finally:
+                hint.join()  # the hint's thread ends with the step it read ahead
         self._comm.all_gather_ints([0])  # everyone is past the quarantine renames
         if quarantined:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)

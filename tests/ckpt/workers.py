@@ -263,6 +263,34 @@ def restore_phases(rank: int, world: int, d: str, fault: str = "", exchange: str
     return {"wall_s": wall, "phases": res.phases, "hash": state_hash(model, opt, sched)}
 
 
+def restore_read_ahead(rank: int, world: int, d: str, mode: str = "read_once") -> tp.Dict[str, tp.Any]:
+    """Restore into fresh objects in ``mode`` with the read-ahead's kernel call recorded instead of made (the
+    checkpointer's own hint otherwise: which files, and when); the files, the threads of the hint still alive after
+    the restore, and the state's hash."""
+    import threading
+
+    import hpctrain.ckpt.checkpointer as checkpointer_module
+    from hpctrain.ckpt._readahead import readahead
+
+    advised: tp.List[str] = []
+
+    def recorded(*args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+        kwargs["advise"] = lambda fd, path: advised.append(f"{path.parent.name}/{path.name}")
+        return readahead(*args, **kwargs)
+
+    ck = Checkpointer(cfg(d, restore_mode=mode))
+    model, opt, sched = build(seed=999, steps=0)
+    checkpointer_module.readahead = recorded  # type: ignore[assignment]
+    try:
+        res = ck.restore(model=model, optimizer=opt, scheduler=sched)
+    finally:
+        checkpointer_module.readahead = readahead  # type: ignore[assignment]
+    alive = [t.name for t in threading.enumerate() if t.name == "hpctrain-ckpt-readahead"]
+    ck.close()
+    assert res is not None
+    return {"advised": advised, "alive": alive, "step": res.step, "hash": state_hash(model, opt, sched)}
+
+
 def restore_collectives(rank: int, world: int, d: str) -> tp.Dict[str, tp.Any]:
     """Restore into fresh objects; the collectives the restore took (every ``Comm`` gather: the checkpointer's
     collectives all go through it) and the state's hash."""
