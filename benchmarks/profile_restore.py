@@ -1,15 +1,18 @@
 """Where a read-once restore spends its time, rank by rank, against its ceiling: a profile from the restore's meters.
 
     python benchmarks/profile_restore.py [--size-mb 256] [--world 4] [--small-tensors 1000] [--rounds 12]
-        [--dir /dev/shm/hpctrain-prof] [--json PATH] [--what-if free-metadata] [--what-if no-verify]
+        [--dir /dev/shm/hpctrain-prof] [--cold] [--json PATH] [--what-if free-metadata] [--what-if no-verify]
+        [--what-if no-readahead]
 
 ``--world`` ranks (one process each, gloo on the CPU) save ``bench_checkpoint.py``'s state (``--small-tensors``
 as there) once in ``--dir`` (tmpfs by default), then in the same processes run ``--rounds`` rounds of its
 read-once ceiling (``read_once_node_ceiling``: each rank reads its quarter into the node's shared buffer, maps the
 whole, copies the model out) and of ``Checkpointer.restore`` (``restore_mode="read_once"``, the node exchange),
-alternating which goes first. Per rank and round: the restore's own phases (``RestoreResult.phases``: wall and
-the calling thread's CPU per phase, ``hpctrain.ckpt.RESTORE_PHASES``), the ceiling's read and copy CPU, and each side's
-process CPU (every thread, gloo's included). Prints the medians of rounds 2.. (the first warms the processes up)
+alternating which goes first. ``--cold``: the checkpoint's files are dropped from the page cache before each side
+(``_common.evict``, as ``bench_checkpoint.py`` does before its reads), for a ``--dir`` on a disk. Per rank and
+round: the restore's own phases (``RestoreResult.phases``: wall and the calling thread's CPU per phase,
+``hpctrain.ckpt.RESTORE_PHASES``), the ceiling's read and copy CPU, and each side's process CPU (every thread, gloo's
+included). Prints the medians of rounds 2.. (the first warms the processes up)
 as a table of CPU milliseconds, and the ceiling/restore ratio of each round's wall time with its median; ``--json
 PATH`` writes every figure. A profile, not a benchmark: the goal's ratio comes from ``bench_checkpoint.py``,
 whose restores run warm in the same way.
@@ -19,7 +22,9 @@ whose restores run warm in the same way.
 ``build_index`` and ``plan`` answer from memory: no header parsed, typed or checked, no skeleton, no packing; the
 exchange and the agreements still run): the most any faster index (a columnar header, an index kept as columns)
 could give. ``no-verify``: ``verify_checksums=False`` (no crc32 computed or combined): what the checksums cost.
-Neither is a restore to use: the reused index would miss a damaged or changed checkpoint.
+``no-readahead``: the shard files are not read ahead while the index is built (``hpctrain.ckpt._readahead``):
+what the read-ahead is worth (with ``--cold`` on a disk; nothing on tmpfs). Only the last is a restore one could
+use: the reused index would miss a damaged or changed checkpoint, and no checksum would catch a flipped byte.
 """
 
 from __future__ import annotations
@@ -39,12 +44,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import run_ranks  # noqa: E402
+from _common import evict, run_ranks  # noqa: E402
 from bench_checkpoint import SMALL_TENSORS  # noqa: E402
 
 _METADATA_STEPS = ("index_share", "build_index", "plan")
 """What ``--what-if free-metadata`` takes away: the restore's index and plan, as ``Checkpointer.restore`` calls them."""
-WHAT_IFS = ("free-metadata", "no-verify")
+WHAT_IFS = ("free-metadata", "no-verify", "no-readahead")
 
 
 def _first_answer(fn: tp.Callable[..., tp.Any]) -> tp.Callable[..., tp.Any]:
@@ -72,6 +77,19 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
         for name in _METADATA_STEPS:
             setattr(restore_module, name, _first_answer(getattr(restore_module, name)))
+    from hpctrain.ckpt import checkpointer as restore_module
+    from hpctrain.ckpt._readahead import Readahead
+
+    hints = [0]  # the read-ahead threads the restores started (none with --what-if no-readahead)
+    real_readahead = restore_module.readahead
+
+    def counted_readahead(*a: tp.Any, **k: tp.Any) -> Readahead:
+        if "no-readahead" in args.what_if:
+            return Readahead(None)
+        hints[0] += 1
+        return real_readahead(*a, **k)
+
+    restore_module.readahead = counted_readahead  # type: ignore[assignment]
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=600)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
@@ -86,19 +104,34 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     files = sorted(next(ck_dir.glob("step-*")).glob("*.shard"))
     model_dst = [torch.zeros_like(v) for v in model.values()]
 
+    def cold() -> None:
+        """With ``--cold``: the checkpoint's files out of the page cache (rank 0; the next barrier waits for it)."""
+        if args.cold and rank == 0:
+            evict(ck_dir)
+
     def restore() -> tp.Dict[str, tp.Any]:
         model2 = {k: torch.zeros_like(v) for k, v in model.items()}
         mh, oh = Holder(model2, True), Holder({"state": {}, "param_groups": []}, False)
+        cold()
         dist.barrier()
         c0, t0 = time.process_time(), time.perf_counter()
+        before = hints[0]
         r = ck.restore(model=mh, optimizer=oh)
         dist.barrier()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert r is not None and r.step == 1 and all(torch.equal(model[k], model2[k]) for k in model)
-        return {"wall_s": wall, "process_cpu_s": cpu, "phases": r.phases, "verified": ck.config.verify_checksums}
+        verified, read_ahead = ck.config.verify_checksums, hints[0] > before
+        return {
+            "wall_s": wall,
+            "process_cpu_s": cpu,
+            "phases": r.phases,
+            "verified": verified,
+            "read_ahead": read_ahead,
+        }
 
     def ceiling() -> tp.Dict[str, tp.Any]:
         parts: tp.Dict[str, float] = {}
+        cold()
         dist.barrier()
         c0, t0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
         read_once_node_ceiling(files, rank, world, gloo, model_dst, cpu=parts)
@@ -167,6 +200,7 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
     )
     p.add_argument("--rounds", type=int, default=12, help="rounds of ceiling + restore (the first is not counted)")
     p.add_argument("--dir", type=Path, default=Path("/dev/shm/hpctrain-prof"), help="where the checkpoint is saved")
+    p.add_argument("--cold", action="store_true", help="drop the files from the page cache before each side (disk)")
     p.add_argument("--json", type=Path, help="also write the JSON result here")
     p.add_argument(
         "--what-if",
@@ -188,8 +222,10 @@ def main(argv: tp.Optional[tp.Sequence[str]] = None) -> int:
         per_rank = json.loads(out.read_text())
         result = summarize(per_rank)
         result["what_if"] = sorted(set(args.what_if))
+        result["cold"] = args.cold
         # as the ranks' checkpointers had it (every round of every rank), not as asked
         result["verified"] = all(r["restore"]["verified"] for rs in per_rank for r in rs)
+        result["read_ahead"] = all(r["restore"]["read_ahead"] for rs in per_rank for r in rs)
     finally:
         shutil.rmtree(args.work, ignore_errors=True)
         if made:  # the directory it made goes too, when nothing else was put there meanwhile

@@ -165,6 +165,19 @@ def test_profile_restore_what_if_takes_the_index_and_the_plan_away(tmp_path):
     assert bad.returncode == 2 and "invalid choice: 'free-index'" in bad.stderr
 
 
+def test_profile_restore_cold_with_and_without_the_read_ahead(tmp_path):
+    """``--cold`` drops the files from the page cache before each side; every restore reads its shard ahead (the
+    result says so, as the ranks did it), and ``--what-if no-readahead`` none, restoring the same values."""
+    for what_if, read_ahead in (([], True), (["--what-if", "no-readahead"], False)):
+        out = tmp_path / "p.json"
+        tiny = ["--size-mb", "4", "--world", "2", "--rounds", "2", "--dir", str(tmp_path / "work"), "--json", str(out)]
+        r = _run("profile_restore.py", *tiny, "--cold", *what_if, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        res = json.loads(out.read_text())
+        assert res["cold"] is True and res["verified"] is True and res["read_ahead"] is read_ahead, res
+        assert res["what_if"] == (["no-readahead"] if what_if else [])
+
+
 @pytest.mark.slow
 def test_bench_tiers_runs_and_reports_every_figure(tmp_path):
     out, g, local = tmp_path / "r.json", tmp_path / "bench" / "global", tmp_path / "local"
