@@ -85,7 +85,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
     def counted_readahead(*a: tp.Any, **k: tp.Any) -> Readahead:
         if "no-readahead" in args.what_if:
-            return Readahead(None)
+            return Readahead()
         hints[0] += 1
         return real_readahead(*a, **k)
 

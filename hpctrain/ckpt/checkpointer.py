@@ -478,7 +478,7 @@ class Checkpointer:
                 )
             common = [step]
         for k in [k for k in ahead if k not in common]:  # the ranks differ in their steps: not this one
-            ahead.pop(k).join()
+            ahead.pop(k).stop()
         quarantined: tp.List[int] = []
         targets = [
             (n, o) for n, o in zip(_STATE_NAMES, (_unwrap(model), optimizer, scheduler, scaler)) if o is not None
@@ -552,7 +552,7 @@ class Checkpointer:
                 if step is not None:
                     raise HpctrainError(f"checkpoint step {s} failed verification and was quarantined: {errors[0]}")
             finally:
-                hint.join()  # the hint's thread ends with the step it read ahead
+                hint.stop()  # the hint's thread ends with the step it read ahead
         self._comm.all_gather_ints([0])  # everyone is past the quarantine renames
         if quarantined:
             log.error("hpctrain.ckpt: no loadable checkpoint left in %s (quarantined: %s)", self.root, quarantined)

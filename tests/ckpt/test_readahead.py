@@ -5,6 +5,7 @@ is never opened), and that the restore ends its thread."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -32,20 +33,46 @@ def saved(tmp_path_factory) -> Path:
 
 
 def _recorder(got: list):
-    return lambda fd, path: got.append((os.fstat(fd).st_size, path.name))
+    def advise(fd: int, path: Path, offset: int, length: int) -> None:
+        assert offset == 0 and length == os.fstat(fd).st_size  # shards smaller than a step: one step each
+        got.append((length, path.name))
+
+    return advise
 
 
 def test_the_thread_reads_the_manifest_and_names_the_files_it_was_asked_for(saved):
     step = saved / step_name(2)
     got: list = []
-    readahead(step, None, 1, 2, "read_once", advise=_recorder(got)).join()
+    readahead(step, None, 1, 2, "read_once", advise=_recorder(got)).wait(30)
     assert got == [((step / shard_name(1, 2)).stat().st_size, shard_name(1, 2))]
     got.clear()
-    readahead(step, None, 0, 1, "read_all", advise=_recorder(got)).join()
+    readahead(step, None, 0, 1, "read_all", advise=_recorder(got)).wait(30)
     assert [n for _, n in got] == [shard_name(0, 2), shard_name(1, 2)]
     got.clear()
-    readahead(step, None, 0, 1, "read_once", advise=_recorder(got)).join()  # restored by another world
+    readahead(step, None, 0, 1, "read_once", advise=_recorder(got)).wait(30)  # restored by another world
     assert got == []
+
+
+def test_the_hint_asks_step_by_step_and_stops_between_two_steps(saved):
+    """A restore that is done with its step (read, or failed before reading) stops the hint: no step is asked for
+    after that, so it never waits for a whole shard to be read ahead; the steps tile the file."""
+    step = saved / step_name(2)
+    size = (step / shard_name(0, 2)).stat().st_size
+    steps: list = []
+    readahead(step, None, 0, 2, "read_once", advise=lambda fd, p, o, n: steps.append((o, n)), step_bytes=4096).wait(30)
+    assert steps == [(o, min(4096, size - o)) for o in range(0, size, 4096)] and len(steps) > 2
+    asked, release, calls = threading.Event(), threading.Event(), []
+
+    def slow(fd: int, path: Path, offset: int, length: int) -> None:
+        calls.append(offset)
+        asked.set()
+        release.wait(30)  # the kernel's queue full: the call blocks
+
+    hint = readahead(step, None, 0, 2, "read_once", advise=slow, step_bytes=4096)
+    assert asked.wait(30)
+    threading.Timer(0.2, release.set).start()
+    hint.stop()  # returns once the step being asked for is queued
+    assert calls == [0] and hint.wait(0)
 
 
 def test_a_hostile_or_missing_file_ends_the_hint_quietly_and_never_opens_a_fifo(tmp_path, saved):
@@ -58,10 +85,10 @@ def test_a_hostile_or_missing_file_ends_the_hint_quietly_and_never_opens_a_fifo(
     os.mkfifo(fifo)  # opening it for reading would block until a writer came
     got: list = []
     t0 = time.monotonic()
-    readahead(step, None, 0, 2, "read_all", advise=_recorder(got)).join()
+    readahead(step, None, 0, 2, "read_all", advise=_recorder(got)).wait(30)
     assert time.monotonic() - t0 < 5 and got == []  # refused before the open, and the hint ends there
     (step / "MANIFEST.json").unlink()
-    readahead(step, None, 1, 2, "read_once", advise=_recorder(got)).join()  # no manifest: nothing, no error
+    readahead(step, None, 1, 2, "read_once", advise=_recorder(got)).wait(30)  # no manifest: nothing, no error
     assert got == []
 
 
@@ -90,7 +117,7 @@ def test_the_kernel_reads_the_file_ahead(tmp_path):
 
         if resident():
             pytest.skip(f"{tmp_path} keeps its files in memory (tmpfs?): nothing to read ahead there")
-        readahead(d, manifest, 0, 1, "read_once").join()
+        readahead(d, manifest, 0, 1, "read_once").wait(30)
         deadline = time.monotonic() + 10
         while not resident() and time.monotonic() < deadline:
             time.sleep(0.01)

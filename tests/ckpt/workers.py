@@ -275,7 +275,7 @@ def restore_read_ahead(rank: int, world: int, d: str, mode: str = "read_once") -
     advised: tp.List[str] = []
 
     def recorded(*args: tp.Any, **kwargs: tp.Any) -> tp.Any:
-        kwargs["advise"] = lambda fd, path: advised.append(f"{path.parent.name}/{path.name}")
+        kwargs["advise"] = lambda fd, path, offset, length: advised.append(f"{path.parent.name}/{path.name}")
         return readahead(*args, **kwargs)
 
     ck = Checkpointer(cfg(d, restore_mode=mode))
