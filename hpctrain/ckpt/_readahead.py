@@ -42,12 +42,12 @@ def _willneed(fd: int, path: Path, offset: int, length: int) -> None:
 
 def shards_to_read_ahead(saved_world: int, rank: int, world: int, mode: str) -> tp.List[int]:
     """The shards worth reading ahead on ``rank`` of ``world`` for a restore in ``mode`` of a checkpoint saved by
-    ``saved_world`` ranks: every one for ``read_all`` (this rank reads them all); for ``read_once`` the shard this
-    rank wrote when the world is the one that saved it (its part of the packed buffer is that shard's bytes, as the
-    save cut the same state into the same parts: ``_state.split_replicated``), none for another world (which files
-    its part falls in is known only from the plan, and on several hosts a wrong guess reads a part that another
-    host reads, over the network, for nothing)."""
-    if mode == "read_all":
+    ``saved_world`` ranks: every one for ``read_all`` and for a world of one (this rank reads them all); for
+    ``read_once`` the shard this rank wrote when the world is the one that saved it (its part of the packed buffer
+    is that shard's bytes, as the save cut the same state into the same parts: ``_state.split_replicated``), none
+    for another world (which files its part falls in is known only from the plan, and on several hosts a wrong guess
+    reads a part that another host reads, over the network, for nothing)."""
+    if mode == "read_all" or world == 1:
         return list(range(saved_world))
     if mode == "read_once" and saved_world == world and 0 <= rank < world:
         return [rank]

@@ -23,6 +23,7 @@ def test_which_shards_a_rank_reads_ahead():
     assert shards_to_read_ahead(2, 1, 4, "read_once") == []
     assert shards_to_read_ahead(3, 1, 2, "read_all") == [0, 1, 2]  # every rank reads every shard
     assert shards_to_read_ahead(1, 0, 1, "read_all") == [0]
+    assert shards_to_read_ahead(4, 0, 1, "read_once") == [0, 1, 2, 3]  # one process reads every byte in any mode
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_the_thread_reads_the_manifest_and_names_the_files_it_was_asked_for(save
     readahead(step, None, 0, 1, "read_all", advise=_recorder(got)).wait(30)
     assert [n for _, n in got] == [shard_name(0, 2), shard_name(1, 2)]
     got.clear()
-    readahead(step, None, 0, 1, "read_once", advise=_recorder(got)).wait(30)  # restored by another world
+    readahead(step, None, 0, 3, "read_once", advise=_recorder(got)).wait(30)  # restored by another world
     assert got == []
 
 
@@ -137,7 +138,8 @@ def test_a_restore_reads_ahead_what_it_reads_and_ends_the_thread(saved, mode):
         assert g["alive"] == []  # joined before restore returned
 
 
-def test_one_process_restoring_reads_ahead_every_shard_it_reads(saved):
-    g = w.restore_read_ahead(0, 1, str(saved), "read_all")
+@pytest.mark.parametrize("mode", ["read_once", "read_all"])
+def test_one_process_restoring_reads_ahead_every_shard_it_reads(saved, mode):
+    g = w.restore_read_ahead(0, 1, str(saved), mode)  # one process reads every byte, whatever the mode
     assert g["step"] == 2 and g["hash"] == w.expected_hash(2)
     assert g["advised"] == [f"{step_name(2)}/{shard_name(r, 2)}" for r in range(2)] and g["alive"] == []
