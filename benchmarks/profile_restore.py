@@ -78,14 +78,19 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
         for name in _METADATA_STEPS:
             setattr(restore_module, name, _first_answer(getattr(restore_module, name)))
     from hpctrain.ckpt import checkpointer as restore_module
-    from hpctrain.ckpt._readahead import Readahead
 
     hints = [0]  # the read-ahead threads the restores started (none with --what-if no-readahead)
     real_readahead = restore_module.readahead
 
-    def counted_readahead(*a: tp.Any, **k: tp.Any) -> Readahead:
+    class NoHint:
+        """What the restore stops when nothing was read ahead (``--what-if no-readahead``)."""
+
+        def stop(self) -> None:
+            pass
+
+    def counted_readahead(*a: tp.Any, **k: tp.Any) -> tp.Any:
         if "no-readahead" in args.what_if:
-            return Readahead()
+            return NoHint()
         hints[0] += 1
         return real_readahead(*a, **k)
 
