@@ -71,14 +71,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     from bench_checkpoint import Holder, make_state, read_once_node_ceiling
 
     from hpctrain.ckpt import CheckpointConfig, Checkpointer
-
-    if "free-metadata" in args.what_if:
-        from hpctrain.ckpt import checkpointer as restore_module
-
-        for name in _METADATA_STEPS:
-            setattr(restore_module, name, _first_answer(getattr(restore_module, name)))
     from hpctrain.ckpt import checkpointer as restore_module
 
+    if "free-metadata" in args.what_if:
+        for name in _METADATA_STEPS:
+            setattr(restore_module, name, _first_answer(getattr(restore_module, name)))
     hints = [0]  # the read-ahead threads the restores started (none with --what-if no-readahead)
     real_readahead = restore_module.readahead
 
